@@ -188,12 +188,12 @@ class Transformer(nn.Module):
             raise ValueError(f"input_ids must be an integer tensor of shape (B, T); got {got}")
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids has no tokens (T = 0); pass at least one token")
+        if input_ids.device != self.device:
+            raise ValueError(f"input_ids are on {input_ids.device} but the model is on {self.device}")
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= self.cfg.vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} is outside the vocabulary: ids must be in [0, {self.cfg.vocab_size - 1}]")
-        if input_ids.device != self.device:
-            raise ValueError(f"input_ids are on {input_ids.device} but the model is on {self.device}")
         if attention_mask is None:
             return None
         if tuple(attention_mask.shape) != tuple(input_ids.shape):
