@@ -1,0 +1,209 @@
+"""Checks on the course set-up: pinned dependencies, book config, README, and a full book build."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
+
+ROOT = Path(__file__).resolve().parents[1]
+PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+
+
+def normalise(name: str) -> str:
+    """PEP 503 name normalisation: Jupyter_Book, jupyter.book -> jupyter-book."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_lines() -> list[str]:
+    lines = []
+    for raw in (ROOT / "requirements.txt").read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            lines.append(line)
+    return lines
+
+
+def environment_pip_lines() -> list[str]:
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_sections = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
+    assert len(pip_sections) == 1, "environment.yml needs exactly one `pip:` section"
+    return [str(x).strip() for x in pip_sections[0]]
+
+
+def pins() -> dict[str, str]:
+    """{normalised name: version} for the exact pins (test_requirements_are_exact_pins flags the rest)."""
+    out = {}
+    for line in requirement_lines():
+        m = PIN_RE.match(line)
+        if m:
+            out[normalise(m.group(1))] = m.group(2)
+    return out
+
+
+# (a) requirements.txt and environment.yml agree
+
+
+def test_environment_yml_pins_equal_requirements():
+    req, env = requirement_lines(), environment_pip_lines()
+    assert sorted(env) == sorted(req), (
+        f"only in requirements.txt: {sorted(set(req) - set(env))}; "
+        f"only in environment.yml: {sorted(set(env) - set(req))}"
+    )
+    assert len(set(req)) == len(req), "requirements.txt has duplicate lines"
+
+
+def test_environment_yml_python_is_311():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda = [d for d in env["dependencies"] if isinstance(d, str)]
+    assert "python=3.11" in conda and "pip" in conda
+
+
+# (b) every requirement is an exact pin, and the key ones are what the course is built on
+
+
+def test_requirements_are_exact_pins():
+    lines = requirement_lines()
+    assert lines, "requirements.txt is empty"
+    bad = [line for line in lines if not PIN_RE.match(line)]
+    assert not bad, f"not exact `name==version` pins: {bad}"
+    names = [normalise(PIN_RE.match(line).group(1)) for line in lines]
+    assert len(set(names)) == len(names), f"a package is pinned twice: {names}"
+
+
+def test_key_pins():
+    p = pins()
+    assert p.get("torch") == "2.13.0"
+    assert p.get("jupyter-book") == "1.0.4.post1"
+    assert re.fullmatch(r"0\.9\.\d+", p.get("nbgrader", "")), f"nbgrader must be 0.9.x, got {p.get('nbgrader')}"
+
+
+# (c) the running interpreter has exactly the pinned versions
+
+
+@pytest.mark.parametrize("name", sorted(pins()))
+def test_installed_version_matches_pin(name):
+    wanted = pins()[name]
+    try:
+        installed = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail(f"{name} is pinned in requirements.txt but not installed in {sys.prefix}")
+    # PEP 440 `==`: a pin without a local label also accepts e.g. torch 2.13.0+cpu.
+    assert SpecifierSet(f"=={wanted}").contains(installed, prereleases=True), (
+        f"{name}: installed {installed}, pinned {wanted} (run `make venv`)"
+    )
+
+
+# (d) table of contents and book pages
+
+
+def toc_files(node) -> list[str]:
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("root", "file") and isinstance(value, str):
+                found.append(value)
+            else:
+                found.extend(toc_files(value))
+    elif isinstance(node, list):
+        for item in node:
+            found.extend(toc_files(item))
+    return found
+
+
+def resolve_page(entry: str) -> Path | None:
+    base = ROOT / entry
+    if base.suffix in (".md", ".ipynb"):
+        return base if base.is_file() else None
+    for suffix in (".md", ".ipynb"):
+        if base.with_suffix(suffix).is_file():
+            return base.with_suffix(suffix)
+    return None
+
+
+def test_toc_lists_existing_files_only():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    assert toc["format"] == "jb-book"
+    assert toc["root"] == "book/intro"
+    entries = toc_files(toc)
+    missing = [e for e in entries if resolve_page(e) is None]
+    assert not missing, f"_toc.yml lists pages that do not exist: {missing}"
+    assert len(set(entries)) == len(entries), f"_toc.yml lists a page twice: {entries}"
+
+
+def test_every_book_page_is_in_toc():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    listed = {resolve_page(e) for e in toc_files(toc)}
+    pages = sorted((ROOT / "book").glob("*.md"))
+    assert pages, "book/ has no pages"
+    absent = [p.relative_to(ROOT).as_posix() for p in pages if p not in listed]
+    assert not absent, f"book pages missing from _toc.yml (they would not be built): {absent}"
+
+
+def split_front_matter(text: str) -> tuple[dict | None, str]:
+    if not text.startswith("---\n"):
+        return None, text
+    end = text.index("\n---\n", 4)
+    return yaml.safe_load(text[4:end]), text[end + len("\n---\n") :]
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (ROOT / "book").glob("*.md")))
+def test_book_page_header(page):
+    text = (ROOT / "book" / page).read_text()
+    meta, body = split_front_matter(text)
+    if meta is not None:
+        rep = meta["jupytext"]["text_representation"]
+        assert rep["extension"] == ".md" and rep["format_name"] == "myst", f"{page}: not a MyST notebook header"
+        assert meta["kernelspec"]["name"] == "python3", f"{page}: kernelspec must be python3"
+    else:
+        assert "{code-cell}" not in text, f"{page} has code cells but no jupytext header, so they would not run"
+    first = next((line for line in body.splitlines() if line.strip()), "")
+    assert first.startswith("# "), f"{page}: the first line after any header must be the `# Title`"
+
+
+# (e) README tells a newcomer the two commands
+
+
+def test_readme_has_setup_commands():
+    readme = (ROOT / "README.md").read_text()
+    assert "make book" in readme
+    assert "make test" in readme
+
+
+# (f) the book builds exactly as `make book` builds it, warnings as errors
+
+
+@pytest.mark.slow
+def test_book_builds(tmp_path):
+    make = shutil.which("make")
+    assert make, "GNU make is needed to build the book"
+    bindir = Path(sys.executable).parent
+    jupyter_book = bindir / "jupyter-book"
+    assert jupyter_book.exists(), f"jupyter-book is not installed next to {sys.executable}"
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    # `-o .venv/.installed`: use the environment running this test; never (re)create .venv here.
+    cmd = [make, "-C", str(ROOT), "--no-print-directory", "-o", ".venv/.installed", "book",
+           f"BUILD_DIR={tmp_path}", f"JUPYTER_BOOK={jupyter_book}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"book build failed (exit {proc.returncode}):\n{log[-6000:]}"
+
+    html = tmp_path / "_build" / "html"
+    chapter = html / "book" / "01_motivation.html"
+    assert (html / "book" / "intro.html").is_file()
+    assert chapter.is_file(), f"missing {chapter}"
+    assert f"First chapter: {chapter}" in proc.stdout, "make book must print the first chapter's absolute path"
+
+    page = chapter.read_text()
+    # Executed output, not just source: these strings only exist in the printed output.
+    assert "Same tokens with and without the cache: True" in page
+    assert re.search(r"K/V rows computed per layer without the cache: \d+", page)
+    assert "Traceback" not in page
