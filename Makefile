@@ -3,9 +3,11 @@
 #   make book    create .venv if needed, build the book into _build/html
 #   make test    create .venv if needed, run the whole test suite
 #   make venv    only create/update .venv from requirements.txt (+ kvref in editable mode)
+#   make js      only fetch the book's pinned JavaScript (MathJax, require.js, ipywidgets manager) into .cache/js
 #   make clean   remove _build
-#
-# Coming later (not implemented yet): make grade SUBMISSIONS=... OUT=...
+#   make release regenerate the student notebooks notebooks/NN_topic.ipynb from solutions/ (nbgrader)
+#   make grade SUBMISSIONS=<dir> OUT=<dir>
+#                autograde <dir>/<student>/NN_topic.ipynb into OUT/grades.csv and OUT/feedback/
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := book
@@ -27,7 +29,7 @@ PYTEST_ARGS ?=
 # Recipes (and the tools they start, e.g. nbgrader and the notebook kernel) use the venv.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv book test clean
+.PHONY: venv js book test clean release grade
 
 venv: $(STAMP)
 
@@ -40,14 +42,33 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --no-deps -e .
 	touch $@
 
-book: export MPLBACKEND := Agg
-book: $(STAMP)
+# The pages serve MathJax, require.js and the ipywidgets manager themselves (no CDN, work offline).
+# The npm packages are pinned with their sha512 in book/_ext/js.lock.toml; the script fetches the tarballs with
+# `npm pack` into .cache/js (gitignored), checks them and unpacks the needed files. Its stamps are the
+# per-package .cache/js/static/npm/*/.integrity files: when they match the lock it only re-checks the
+# cached tarballs (fast) and needs neither npm nor the network.
+js:
+	$(PYTHON) book/_ext/offline_js.py
+
+# The notebook kernels draw figures inline (what ipykernel does by default, spelled out because `make test`
+# exports Agg, which the book build would inherit): with Agg, plt.show() in a page displayed nothing.
+book: export MPLBACKEND := module://matplotlib_inline.backend_inline
+book: $(STAMP) js
 	$(JUPYTER_BOOK) build . $(BOOK_FLAGS) --path-output $(BUILD_DIR)
 	@echo "First chapter: $(FIRST_CHAPTER)"
 
 test: export MPLBACKEND := Agg
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Student notebooks: solutions/NN_topic.ipynb -> notebooks/NN_topic.ipynb (nbgrader generate_assignment).
+release: $(STAMP)
+	$(PY) -m autograder release
+
+# Autograde a folder of submissions: $(SUBMISSIONS)/<student>/NN_topic.ipynb -> $(OUT)/grades.csv + feedback.
+grade: $(STAMP)
+	@test -n "$(SUBMISSIONS)" -a -n "$(OUT)" || { echo "usage: make grade SUBMISSIONS=<dir> OUT=<dir>" >&2; exit 2; }
+	$(PY) -m autograder grade "$(SUBMISSIONS)" "$(OUT)"
 
 clean:
 	rm -rf _build

@@ -3,17 +3,32 @@
     import kvref
     model = kvref.Transformer(kvref.ModelConfig(arch="gpt2"))
     out = kvref.generate(model, ids, max_new_tokens=32, cache="static")
+
+One concept per module: config, model (+ attention), cache, generate, hf (loading), memory
+(the formula and a planner), paged + prefix (block pool, prefix caching), chunked, serve
+(continuous batching), quant (int8/int4 KV), evict (window, sinks, H2O), train (the tiny model).
 """
 
 from .cache import DynamicCache, KVCache, StaticCache
+from .chunked import chunked_prefill
 from .config import PRESETS, ModelConfig
+from .evict import BudgetError, H2OCache, SinkCache, SlidingWindowCache
 from .generate import Generation, GenerationStats, decode_one_token, generate, prefill, sample
 from .hf import load_hf
+from .memory import MemoryPlan, kv_bytes_per_token, kv_cache_bytes, param_count, plan_memory, weight_bytes
 from .model import Transformer
+from .paged import BlockPool, CacheFull, PagedKVCache
+from .prefix import PrefixCachingPool
+from .quant import QuantizationError, QuantizedCache
+from .serve import Engine, Request
 from .tokenizer import ByteTokenizer
+from .train import tiny_model
 
 __all__ = [
-    "ByteTokenizer", "DynamicCache", "Generation", "GenerationStats", "KVCache", "ModelConfig", "PRESETS",
-    "StaticCache", "Transformer", "decode_one_token", "generate", "load_hf", "prefill", "sample",
+    "BlockPool", "BudgetError", "ByteTokenizer", "CacheFull", "DynamicCache", "Engine", "Generation",
+    "GenerationStats", "H2OCache", "KVCache", "MemoryPlan", "ModelConfig", "PRESETS", "PagedKVCache",
+    "PrefixCachingPool", "QuantizationError", "QuantizedCache", "Request", "SinkCache", "SlidingWindowCache",
+    "StaticCache", "Transformer", "chunked_prefill", "decode_one_token", "generate", "kv_bytes_per_token",
+    "kv_cache_bytes", "load_hf", "param_count", "plan_memory", "prefill", "sample", "tiny_model", "weight_bytes",
 ]
 __version__ = "0.1.0"

@@ -7,7 +7,7 @@ stderr (nbgrader scores a cell with any stderr output as zero).
         with grading.RowCounter(model_linears) as rows:      # deterministic work measure
             ...
         grading.assert_faster(fast, slow, at_least=3.0)     # best-of-k wall clock ratio
-        with grading.forbid(kvref.generate):                  # student must not call the reference
+        with grading.forbid("kvref.generate"):                # student must not call the reference
             student_generate(...)
 """
 
@@ -17,8 +17,12 @@ import contextlib
 import gc
 import importlib
 import io
+import logging
+import os
 import signal
 import sys
+import tempfile
+import threading
 import time
 import warnings
 from typing import Callable, Iterable, Iterator
@@ -33,8 +37,15 @@ class GradingTimeout(AssertionError):
 
 @contextlib.contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
-    """Fail with a clear message if the block runs longer than ``seconds`` (main thread, Unix)."""
-    if not hasattr(signal, "SIGALRM"):
+    """Fail with a clear message if the block runs longer than ``seconds``.
+
+    Uses SIGALRM (Unix, main thread: where a notebook kernel runs cells); elsewhere the block
+    runs without a limit and nbgrader's per-cell timeout is the only guard. The alarm repeats
+    every second until the block exits, so student code that swallows the first
+    ``GradingTimeout`` (``except Exception: pass`` in a loop) is interrupted again. Nested limits
+    work: the outer one keeps counting while the inner one runs.
+    """
+    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
         yield
         return
 
@@ -42,22 +53,61 @@ def time_limit(seconds: float) -> Iterator[None]:
         raise GradingTimeout(f"this check took longer than {seconds:g} s; look for a loop that never ends "
                              f"or work repeated on every step")
 
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    start = time.monotonic()
+    old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    outer_left, outer_interval = signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        signal.signal(signal.SIGALRM, old_handler)
+        if outer_left > 0:  # an enclosing limit was running: give it back what is left of its time
+            left = outer_left - (time.monotonic() - start)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), outer_interval)
+
+
+@contextlib.contextmanager
+def _quiet_fd(fd: int) -> Iterator[None]:
+    """Send what C code writes to file descriptor ``fd`` (torch's C++ warnings, OpenMP) to a
+    temporary file for the duration; a notebook kernel would show it as stderr output."""
+    try:
+        saved = os.dup(fd)
+    except OSError:  # no such descriptor (embedded interpreters)
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        for stream in (sys.__stderr__, sys.__stdout__):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.dup2(sink.fileno(), fd)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                sys.__stderr__.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
 
 
 @contextlib.contextmanager
 def checked(seconds: float = 30.0) -> Iterator[None]:
-    """Everything a graded cell needs: a time limit, warnings silenced, stray stderr swallowed."""
+    """Everything a graded cell needs: a time limit, warnings silenced, stray stderr swallowed.
+
+    Silenced while the block runs: Python warnings, anything written to ``sys.stderr``, log
+    records (loggers whose handlers hold the original stderr, e.g. transformers'), and C-level
+    writes to file descriptor 2. Errors still propagate: a failing check fails the cell.
+    """
     err = io.StringIO()
-    with time_limit(seconds), warnings.catch_warnings(), contextlib.redirect_stderr(err):
+    previous_disable = logging.root.manager.disable
+    # The time limit is innermost: its alarm is off before anything else is restored.
+    with warnings.catch_warnings(), _quiet_fd(2), contextlib.redirect_stderr(err):
         warnings.simplefilter("ignore")
-        yield
+        logging.disable(logging.CRITICAL)
+        try:
+            with time_limit(seconds):
+                yield
+        finally:
+            logging.disable(previous_disable)
 
 
 def assert_close(actual, expected, atol: float = 1e-5, rtol: float = 0.0, what: str = "output") -> None:
@@ -94,28 +144,35 @@ def assert_equal(actual, expected, what: str = "value") -> None:
 class RowCounter:
     """Count the rows (tokens) that pass through some linear layers: the K/V work actually done.
 
-    Hooks are removed on exit, whatever the student code did.
+    ``rows`` is per watched layer (the total divided by the number of layers), readable inside
+    and after the block; each ``with`` starts from zero. Hooks are removed on exit, whatever the
+    student code did.
     """
 
     def __init__(self, layers: Iterable[nn.Module]) -> None:
         self.layers = list(layers)
         if not self.layers:
             raise AssertionError("RowCounter needs at least one layer to watch")
-        self.rows = 0
+        self.total = 0  # rows summed over all watched layers
         self._hooks: list = []
+
+    @property
+    def rows(self) -> int:
+        return self.total // len(self.layers)
 
     def _hook(self, module, inputs, output) -> None:
         x = inputs[0]
-        self.rows += x.numel() // x.shape[-1]  # every leading index is one token's row
+        self.total += x.numel() // x.shape[-1]  # every leading index is one token's row
 
     def __enter__(self) -> "RowCounter":
+        self.total = 0
         self._hooks = [m.register_forward_hook(self._hook) for m in self.layers]
         return self
 
     def __exit__(self, *exc) -> None:
         for h in self._hooks:
             h.remove()
-        self.rows //= len(self.layers)  # per watched layer
+        self._hooks = []
 
 
 def best_time(fn: Callable[[], object], repeats: int = 5) -> float:
@@ -158,30 +215,52 @@ def _resolve(target: str) -> tuple[object, str]:
         return getattr(importlib.import_module(mod_name), cls), attr
 
 
+def _dotted(target) -> str:
+    if isinstance(target, str):
+        return target
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if not module or not name:
+        raise TypeError(f"forbid() takes dotted names such as 'kvref.generate' or functions, got {target!r}")
+    return f"{module}.{name}"
+
+
+_MISSING = object()
+
+
 @contextlib.contextmanager
-def forbid(*targets: str) -> Iterator[None]:
+def forbid(*targets) -> Iterator[None]:
     """While the block runs, calling any of ``targets`` (dotted names such as
-    ``"kvref.generate"`` or ``"kvref.cache.StaticCache.update"``) fails: the student's function
-    must do its own work rather than call the reference it is compared to. Names the notebook
-    imported directly (``from kvref import generate``) are blocked too."""
+    ``"kvref.generate"`` or ``"kvref.cache.StaticCache.update"``, or the functions themselves)
+    fails: the student's function must do its own work rather than call the reference it is
+    compared to. Every other name bound to the same function in ``kvref`` and its loaded
+    submodules or in the notebook (``from kvref import generate``, ``import ... as g``) is
+    blocked too. Everything is restored on exit."""
     saved: list[tuple[object, str, object]] = []
-    for target in targets:
-        owner, attr = _resolve(target)
-        original = getattr(owner, attr)
-
-        def refuse(*args, _name=target, **kwargs):
-            raise AssertionError(f"your code called {_name}; write this part yourself")
-
-        places = [(owner, attr)]
-        for ns in (sys.modules.get("kvref"), sys.modules.get("__main__")):
-            for name, value in list(vars(ns).items()) if ns is not None else []:
-                if value is original and (ns, name) != (owner, attr):
-                    places.append((ns, name))
-        for obj, name in places:
-            saved.append((obj, name, original))
-            setattr(obj, name, refuse)
     try:
+        for target in targets:
+            name = _dotted(target)
+            owner, attr = _resolve(name)
+            original = getattr(owner, attr)
+
+            def refuse(*args, _name=name, **kwargs):
+                raise AssertionError(f"your code called {_name}; write this part yourself")
+
+            places = [(owner, attr)]
+            namespaces = [m for n, m in list(sys.modules.items()) if n == "kvref" or n.startswith("kvref.")]
+            namespaces.append(sys.modules.get("__main__"))
+            for ns in namespaces:
+                if ns is None or ns is owner:
+                    continue
+                for key, value in list(vars(ns).items()):
+                    if value is original:
+                        places.append((ns, key))
+            for obj, key in places:
+                saved.append((obj, key, vars(obj).get(key, _MISSING)))  # the raw attribute (staticmethod, ...)
+                setattr(obj, key, refuse)
         yield
     finally:
-        for obj, name, original in reversed(saved):
-            setattr(obj, name, original)
+        for obj, key, raw in reversed(saved):
+            if raw is _MISSING:  # was inherited from a base class
+                delattr(obj, key)
+            else:
+                setattr(obj, key, raw)

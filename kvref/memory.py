@@ -28,15 +28,20 @@ GiB = 1024**3
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def bytes_per_element(dtype: torch.dtype | str) -> int:
-    """2 for fp16/bf16, 4 for fp32; accepts a torch dtype or "fp16"/"bf16"/"fp32"."""
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A floating-point torch dtype, also from the names "fp16", "bf16", "fp32"."""
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be a torch.dtype or one of {sorted(DTYPES)}; got {dtype!r}")
         dtype = DTYPES[dtype]
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"the cache dtype must be a floating-point torch.dtype; got {dtype!r}")
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype
+
+
+def bytes_per_element(dtype: torch.dtype | str) -> int:
+    """2 for fp16/bf16, 4 for fp32."""
+    return torch.empty((), dtype=as_dtype(dtype)).element_size()
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype | str = torch.float16) -> int:
@@ -44,58 +49,35 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype | str = torch.float1
     return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * bytes_per_element(dtype)
 
 
-def quantized_kv_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtype | str,
-                       kv_bits: int, group_size: int, residual: int = 0) -> int:
-    """Bytes of a quantized KV cache (the formula a QuantizedCache's ``nbytes`` must equal).
-
-    Of the ``seq_len`` tokens of each row, the newest ``R = min(residual, seq_len)`` are kept in
-    full precision (``dtype``, the compute dtype); the other ``Q = seq_len - R`` are stored as
-    ``kv_bits``-bit integers (8: one per byte, 4: two per byte, 2: four per byte). Each group of
-    ``group_size`` elements that was quantized together carries one scale and one zero point, both
-    in ``dtype``. Keys are grouped per channel over tokens, values per token over channels.
-    Per layer, per row, per K/V head (D = head_dim, G = group_size, b = bytes of ``dtype``):
-
-        packed ints:   2 * ceil(Q * D * kv_bits / 8)          (K and V, each packed in one buffer)
-        key groups:    D * ceil(Q / G)                         (each channel's Q tokens, G at a time)
-        value groups:  Q * ceil(D / G)                         (each token's D channels, G at a time)
-        scales+zeros:  2 * b * (key groups + value groups)
-        residual:      2 * R * D * b
-
-    and the total is that sum times L * B * H_kv.
-    """
-    if kv_bits not in (2, 4, 8):
-        raise ValueError(f"kv_bits must be 2, 4 or 8; got {kv_bits!r}")
-    if not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be an integer >= 1 (elements sharing one scale); got {group_size!r}")
-    if residual < 0:
-        raise ValueError(f"residual (tokens kept in full precision) must be >= 0; got {residual}")
-    _check_counts(batch, seq_len)
-    b, D = bytes_per_element(dtype), cfg.head_dim
-    R = min(residual, seq_len)
-    Q = seq_len - R
-    packed = 2 * math.ceil(Q * D * kv_bits / 8)
-    groups = D * math.ceil(Q / group_size) + Q * math.ceil(D / group_size)
-    per_head = packed + 2 * b * groups + 2 * R * D * b
-    return cfg.n_layers * batch * cfg.n_kv_heads * per_head
-
-
 def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtype | str = torch.float16, *,
                    block_size: int | None = None, kv_bits: int | None = None, group_size: int | None = None,
                    residual: int = 0) -> int:
-    """Bytes of K/V for ``batch`` sequences of ``seq_len`` tokens each.
+    """Bytes of K/V for ``batch`` sequences of ``seq_len`` tokens each; equals ``cache.nbytes``.
 
-    Plain (Static/Dynamic cache): 2 * L * batch * seq_len * H_kv * D * bytes_per_element(dtype).
-    ``block_size``: a paged cache hands out whole blocks, so each sequence is rounded up to a
-    multiple of ``block_size`` tokens (a PagedKVCache pool of N blocks is ``batch=1, seq_len=N *
-    block_size``). ``kv_bits`` + ``group_size`` (+ ``residual``): see ``quantized_kv_bytes``.
+    Plain (StaticCache at its max_len, DynamicCache at its length):
+        2 * L * batch * seq_len * H_kv * D * bytes_per_element(dtype).
+    ``block_size`` (PagedKVCache): blocks are handed out whole, so each sequence is rounded up to a
+        multiple of ``block_size`` tokens; a pool of N blocks is ``batch=1, seq_len=N * block_size``.
+    ``kv_bits`` (QuantizedCache(bits, group_size, residual)): ``dtype`` is then the compute dtype,
+        and the bill is kvref.quant.quantized_kv_bytes: int codes (8 bits: 1 byte, 4 bits: half a
+        byte per element), one scale and one zero point in ``dtype`` per group of ``group_size``
+        elements (default head_dim; keys grouped per channel over tokens, values per token over
+        channels), and the newest tokens (``residual`` of them, plus an unfinished key group) in
+        full precision.
     """
     _check_counts(batch, seq_len)
     if kv_bits is not None:
         if block_size is not None:
             raise ValueError("block_size and kv_bits together are not modelled; give one or the other")
-        if group_size is None:
-            raise ValueError("kv_bits needs group_size (how many elements share one scale and zero point)")
-        return quantized_kv_bytes(cfg, batch, seq_len, dtype, kv_bits, group_size, residual)
+        from .quant import BITS, quantized_kv_bytes  # the quantized cache owns its formula
+
+        if kv_bits not in BITS:
+            raise ValueError(f"kv_bits must be one of {BITS}; got {kv_bits!r}")
+        if group_size is not None and (not isinstance(group_size, int) or group_size < 1 or cfg.head_dim % group_size):
+            raise ValueError(f"group_size must divide head_dim={cfg.head_dim} (or be None = head_dim); got {group_size!r}")
+        if not isinstance(residual, int) or residual < 0:
+            raise ValueError(f"residual (tokens kept in full precision) must be an integer >= 0; got {residual!r}")
+        return quantized_kv_bytes(cfg, batch, seq_len, as_dtype(dtype), kv_bits, group_size, residual)
     if block_size is not None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1; got {block_size!r}")
@@ -172,7 +154,7 @@ def plan_memory(cfg: ModelConfig, device_bytes: int, *, batch: int = 1, seq_len:
 
     ``weights`` defaults to ``weight_bytes(cfg, dtype)``; ``seq_len`` to the model's max_seq_len.
     ``cache_kind`` (block_size=..., or kv_bits=..., group_size=..., residual=...) is passed on to
-    ``kv_cache_bytes``, so the plan accounts for paging or quantization.
+    ``kv_cache_bytes``, so the plan accounts for paging or quantization (int8 halves fp16's bill).
 
         >>> plan_memory(ModelConfig.preset("llama-2-7b"), 24 * GiB, batch=8, seq_len=4096).explain()
     """

@@ -102,13 +102,11 @@ class BlockPool:
 @dataclass
 class Sequence:
     table: list[int] = field(default_factory=list)  # block ids in token order
-    real: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # (length,) slot flags
+    length: int = 0  # slots stored
+    n_real: int = 0  # of those, real tokens (the rest is padding, stored only in plain generate() use)
+    real: torch.Tensor | None = None  # (length,) bool per slot, kept only once a padding slot is stored
     tokens: list[int] | None = None  # ids of the stored tokens, when the caller tells us (prefix caching)
     hashes: list = field(default_factory=list)  # one per full block (prefix caching)
-
-    @property
-    def length(self) -> int:
-        return len(self.real)
 
 
 class PagedKVCache(KVCache):
@@ -148,8 +146,7 @@ class PagedKVCache(KVCache):
             raise ValueError(f"sequence {seq_id!r} already exists; free it first")
         table, hashes = self.pool.match(list(prompt)) if prompt else ([], [])
         n = len(table) * self.block_size
-        self.seqs[seq_id] = Sequence(table, torch.ones(n, dtype=torch.bool), [] if prompt is None else list(prompt[:n]),
-                                     hashes)
+        self.seqs[seq_id] = Sequence(table, n, n, None, [] if prompt is None else list(prompt[:n]), hashes)
         return n
 
     def fork(self, src: Hashable, dst: Hashable) -> None:
@@ -159,8 +156,8 @@ class PagedKVCache(KVCache):
             raise ValueError(f"sequence {dst!r} already exists")
         for b in s.table:
             self.pool.share(b)
-        self.seqs[dst] = Sequence(list(s.table), s.real.clone(), None if s.tokens is None else list(s.tokens),
-                                  list(s.hashes))
+        self.seqs[dst] = Sequence(list(s.table), s.length, s.n_real, s.real,  # real is never modified in place
+                                  None if s.tokens is None else list(s.tokens), list(s.hashes))
 
     def free_sequence(self, seq_id: Hashable) -> None:
         """Give the sequence's blocks back (last block first, so a prefix cache evicts tails first)."""
@@ -178,7 +175,7 @@ class PagedKVCache(KVCache):
     def blocks_needed(self, seq_id: Hashable, n_new: int) -> int:
         """Blocks the pool must supply for ``n_new`` more tokens (new blocks + a copy on write)."""
         seq, bs = self.seqs[seq_id], self.block_size
-        grow = -(-(seq.length + n_new) // bs) - len(seq.table)
+        grow = max(0, -(-(seq.length + n_new) // bs) - len(seq.table))  # blocks of a failed step are reused
         cow = n_new > 0 and seq.length % bs != 0 and self.pool.refs[seq.table[-1]] > 1
         return grow + cow
 
@@ -201,8 +198,8 @@ class PagedKVCache(KVCache):
             if self.seqs[s].length + t > self.cfg.max_seq_len:
                 raise ValueError(f"sequence {s!r} would grow to {self.seqs[s].length + t} tokens, "
                                  f"past max_seq_len={self.cfg.max_seq_len}")
-        need = sum(self.blocks_needed(s, t) for s, t in zip(seq_ids, n_new))  # exact: only the last
-        if need > self.pool.num_free:  # partly filled block of a sequence can be shared, and only once per row
+        need = sum(self.blocks_needed(s, t) for s, t in zip(seq_ids, n_new))  # (counts one copy too many if
+        if need > self.pool.num_free:  # all holders of a shared block write it in this very step)
             raise CacheFull(need, self.pool.num_free, self.pool.num_blocks, self.block_size)
         for s, t in zip(seq_ids, n_new):
             self._grow(self.seqs[s], t)
@@ -218,32 +215,34 @@ class PagedKVCache(KVCache):
             self.pool.free(old)
             seq.table[-1] = new
             self.cow_copies += 1
-        seq.table += self.pool.allocate(-(-(seq.length + n_new) // bs) - len(seq.table))
+        seq.table += self.pool.allocate(max(0, -(-(seq.length + n_new) // bs) - len(seq.table)))
 
     def _build_view(self) -> None:
         """Slot ids of the (B, S + T) view: row b's n_b old tokens end at slot S, its t_b new ones at S + T."""
         step, bs, dev = self._step, self.block_size, self.k.device
         seqs = [self.seqs[s] for s in step["ids"]]
-        n = torch.tensor([s.length for s in seqs], device=dev)[:, None]  # (B, 1)
+        lengths, B = [s.length for s in seqs], len(seqs)
+        S, T = max(lengths), max(step["n_new"])
+        n = torch.tensor(lengths, device=dev)[:, None]  # (B, 1)
         t = torch.tensor(step["n_new"], device=dev)[:, None]
-        B, S, T = len(seqs), int(n.max()), int(t.max())
         width = max(len(s.table) for s in seqs)
         tables = torch.tensor([s.table + [0] * (width - len(s.table)) for s in seqs], device=dev)  # (B, blocks)
         j = torch.arange(S + T, device=dev)[None]  # (1, S + T)
-        tok = torch.where(j < S, j - (S - n), n + j - S - (T - t))  # token index held by each slot
+        tok = torch.where(j < S, j - (S - n), n + j - S - (T - t)).clamp(min=0)  # token index held by each slot
         valid = torch.where(j < S, j >= S - n, j - S >= T - t)  # (B, S + T)
-        tok = tok.clamp(min=0)
         slot = tables.gather(1, tok // bs) * bs + tok % bs
         step["read"] = torch.where(valid, slot, 0).flatten()  # padding reads slot 0: finite, masked out
-        step["write"] = slot[:, S:][valid[:, S:]]  # where the real new tokens go
-        step["src"] = torch.arange(B * T, device=dev).view(B, T)[valid[:, S:]]
+        ragged = min(step["n_new"]) < T
+        step["write"] = slot[:, S:][valid[:, S:]] if ragged else slot[:, S:].flatten()  # where new tokens go
+        step["src"] = torch.arange(B * T, device=dev).view(B, T)[valid[:, S:]] if ragged else None
         step["shape"] = (B, S, T)
-        self.real = torch.zeros(B, S, dtype=torch.bool, device=dev)  # (B, S) what the model sees as cached
+        self.real = valid[:, :S].clone()  # (B, S) what the model sees as cached
         for b, s in enumerate(seqs):
-            self.real[b, S - s.length:] = s.real.to(dev)
-        self.length, self.seen = S, int((n + t).max()) - T  # seen + T = longest sequence: the model's
-        self.next_pos = self.real.sum(dim=1)  # max_seq_len check then bounds real lengths, not padded slots
-        self.padded = not bool(self.real.all()) or bool((t != T).any())
+            if s.real is not None:  # stored padding (generate() with a left-padded prompt)
+                self.real[b, S - s.length:] = s.real
+        self.length, self.seen = S, max(a + b for a, b in zip(lengths, step["n_new"])) - T  # seen + T = longest
+        self.next_pos = torch.tensor([s.n_real for s in seqs], device=dev)  # sequence, so the model's max_seq_len
+        self.padded = ragged or min(lengths) < S or any(s.n_real < s.length for s in seqs)  # check bounds real ones
 
     def check(self, cfg: ModelConfig, batch: int, new_tokens: int, dtype: torch.dtype, device) -> None:
         spec = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dtype, torch.device(device).type)
@@ -266,7 +265,9 @@ class PagedKVCache(KVCache):
         out = []
         for pool, new in ((self.k[layer], k), (self.v[layer], v)):  # pool (H_kv, slots, D)
             new = new.transpose(0, 1).reshape(new.shape[1], B * T, -1)  # (H_kv, B*T, D)
-            pool.index_copy_(1, self._step["write"], new.index_select(1, self._step["src"]))
+            if self._step["src"] is not None:  # drop the padding of ragged rows
+                new = new.index_select(1, self._step["src"])
+            pool.index_copy_(1, self._step["write"], new)
             view = pool.index_select(1, self._step["read"])  # (H_kv, B*(S+T), D): the gather
             out.append(view.view(view.shape[0], B, S + T, -1).transpose(0, 1))  # (B, H_kv, S+T, D)
         return out[0], out[1]
@@ -274,18 +275,22 @@ class PagedKVCache(KVCache):
     def advance(self, real: torch.Tensor) -> None:
         step, self._step = self._step, None
         B, S, T = step["shape"]
-        rows = list(zip(step["ids"], step["n_new"]))
-        bad = [b for b, (_, t) in enumerate(rows) if t < T and (bool(real[b, :T - t].any()) or not bool(real[b, T - t:].all()))]
-        if bad:
-            for s, _ in rows:  # give back the blocks claimed for this step
+        t = torch.tensor(step["n_new"], device=real.device)[:, None]
+        announced = torch.arange(T, device=real.device)[None] >= T - t  # (B, T) the slots begin() stores
+        if bool(((real != announced) & (t < T)).any()):  # a row narrower than T must be left-padded exactly
+            for s in step["ids"]:  # give back the blocks claimed for this step
                 seq = self.seqs[s]
                 while len(seq.table) > -(-seq.length // self.block_size):
                     self.pool.free(seq.table.pop())
-            raise ValueError(f"rows {bad} were announced with fewer new tokens than the input is wide: the "
-                             f"attention_mask must mark exactly each row's last n_new[b] tokens as real")
-        for b, (s, t) in enumerate(rows):
+            raise ValueError("the attention_mask must mark exactly each row's last n_new[b] tokens as real "
+                             "(rows left-padded to the widest), as announced to begin()")
+        n_real = real.sum(dim=1).tolist()
+        for b, (s, n) in enumerate(zip(step["ids"], step["n_new"])):
             seq = self.seqs[s]
-            seq.real = torch.cat([seq.real.to(real.device), real[b, T - t:]])
+            if seq.real is not None or n_real[b] < n:  # padding stored: keep per-slot flags from now on
+                old = torch.ones(seq.length, dtype=torch.bool, device=real.device) if seq.real is None else seq.real
+                seq.real = torch.cat([old, real[b, T - n:]])
+            seq.length, seq.n_real = seq.length + n, seq.n_real + n_real[b]
             ids = step["token_ids"]
             if ids is None or seq.tokens is None:
                 seq.tokens = None  # ids unknown: this sequence's blocks cannot be shared by content

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
+
+from book_build import built_book  # noqa: F401  (session fixture: the one book build)
 
 ROOT = Path(__file__).resolve().parents[1]
 PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -182,25 +181,15 @@ def test_readme_has_setup_commands():
 
 
 @pytest.mark.slow
-def test_book_builds(tmp_path):
-    make = shutil.which("make")
-    assert make, "GNU make is needed to build the book"
-    bindir = Path(sys.executable).parent
-    jupyter_book = bindir / "jupyter-book"
-    assert jupyter_book.exists(), f"jupyter-book is not installed next to {sys.executable}"
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-    # `-o .venv/.installed`: use the environment running this test; never (re)create .venv here.
-    cmd = [make, "-C", str(ROOT), "--no-print-directory", "-o", ".venv/.installed", "book",
-           f"BUILD_DIR={tmp_path}", f"JUPYTER_BOOK={jupyter_book}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"book build failed (exit {proc.returncode}):\n{log[-6000:]}"
+def test_book_builds(built_book):
+    # The build is shared with tests/test_book_offline.py (tests/book_build.py: one build per session).
+    assert built_book.returncode == 0, f"book build failed (exit {built_book.returncode}):\n{built_book.log[-6000:]}"
 
-    html = tmp_path / "_build" / "html"
+    html = built_book.html
     chapter = html / "book" / "01_motivation.html"
     assert (html / "book" / "intro.html").is_file()
     assert chapter.is_file(), f"missing {chapter}"
-    assert f"First chapter: {chapter}" in proc.stdout, "make book must print the first chapter's absolute path"
+    assert f"First chapter: {chapter}" in built_book.stdout, "make book must print the first chapter's absolute path"
 
     page = chapter.read_text()
     # Executed output, not just source: these strings only exist in the printed output.

@@ -1,0 +1,33 @@
+"""Small fixes to the HTML pages that Jupyter Book 1.0.4 / Sphinx 7.4 write (no content changes).
+
+- Each inline script that an extension registers after the builder starts (sphinx-togglebutton's
+  `var togglebuttonSelector = ...`, sphinx-thebe's `const THEBE_JS_URL = ...`) is written twice: Sphinx 7.4
+  re-adds the registry's scripts with filename '' next to the builder's copy with filename None, and the two
+  do not compare equal. The second `const` throws "Identifier 'THEBE_JS_URL' has already been declared" in
+  every page. Drop exact duplicates before the page is rendered.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def drop_duplicate_scripts(app, pagename, templatename, context, doctree) -> None:
+    scripts = context.get("script_files")
+    if not isinstance(scripts, list):
+        return
+    seen, kept = set(), []
+    for js in scripts:
+        attrs = getattr(js, "attributes", {})
+        key = (os.fspath(getattr(js, "filename", js) or ""), getattr(js, "priority", None),
+               tuple(sorted((k, str(v)) for k, v in attrs.items())))
+        if key not in seen:
+            seen.add(key)
+            kept.append(js)
+    scripts[:] = kept
+
+
+def setup(app):
+    # Late (priority 900): after the other extensions have added this page's scripts.
+    app.connect("html-page-context", drop_duplicate_scripts, priority=900)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

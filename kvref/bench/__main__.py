@@ -1,0 +1,37 @@
+"""``python -m kvref.bench [NAME] [options]``: run one benchmark; NAME defaults to ``core``.
+
+Each benchmark is a module ``kvref.bench.NAME`` with a ``main(argv)``; options after NAME go to it
+(``python -m kvref.bench serving --help``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {
+    "core": "cache vs no cache, kvref vs HF transformers, bandwidth roofline, torch.compile",
+    "serving": "paged vs contiguous KV memory, prefix caching, block-table decode speed",
+    "quality": "what quantised and evicting caches cost in output quality",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = argv.pop(0) if argv and not argv[0].startswith("-") else "core"
+    if name not in BENCHMARKS:
+        listing = "\n".join(f"  {n:8s} {what}" for n, what in BENCHMARKS.items())
+        raise SystemExit(f"unknown benchmark {name!r}. Usage: python -m kvref.bench [NAME] [options]; NAME is one of\n"
+                         f"{listing}")
+    module_name = f"kvref.bench.{name}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise  # the benchmark exists but something it imports is missing: show the real error
+        raise SystemExit(f"benchmark {name!r} is not written yet: kvref/bench/{name}.py does not exist") from None
+    module.main(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""Bounded caches: keep a fixed budget of tokens, so memory stays flat however long generation runs.
+
+Instead of compressing every K/V (``quant.py``), these caches change *what is remembered*:
+
+* ``SlidingWindowCache(window)``: only the W newest tokens, in a ring buffer (Mistral's
+  sliding-window attention). Exact: its logits equal full attention under a sliding-window mask.
+* ``SinkCache(sinks, window)``: the first S tokens ("attention sinks", which soak up attention
+  whatever they say) plus the W newest (StreamingLLM, Xiao et al., 2023).
+* ``H2OCache(heavy, recent)``: the ``recent`` newest tokens plus the ``heavy`` tokens that have
+  received the most attention so far, chosen per K/V head (H2O, Zhang et al., 2023).
+
+The price is long-range memory: a fact that falls out of the budget is gone for good.
+
+Keys are cached after RoPE, so every kept key keeps its true position; slots are returned oldest
+first. Sinks and H2O hold ``budget`` tokens between forward calls; a call's queries see those plus
+the call's own new tokens (causally), and eviction happens after the call, in ``advance``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .cache import KVCache
+
+
+class BudgetError(ValueError):
+    """A window or budget that cannot hold a single token."""
+
+
+def _positive(name: str, value) -> int:
+    if not isinstance(value, int) or value < 1:
+        raise BudgetError(f"{name} must be an integer >= 1 (tokens kept); got {value!r}")
+    return value
+
+
+class SlidingWindowCache(KVCache):
+    """The W newest tokens in a ring buffer: slot ``pos % W`` holds the token of position ``pos``.
+
+    ``update`` returns the held tokens in chronological order followed by the new ones, and sets
+    ``window`` so the model's mask lets each query see only its W most recent keys (itself included).
+    """
+
+    def __init__(self, window: int) -> None:
+        super().__init__()
+        self.window = _positive("window", window)
+        self.k: list[torch.Tensor] = []  # per layer (B, H_kv, W, D) ring buffers
+        self.v: list[torch.Tensor] = []
+
+    def _order(self, device: torch.device) -> torch.Tensor:
+        """Ring slots of the held tokens, oldest first."""
+        held = min(self.seen, self.window)
+        return (torch.arange(self.seen - held, self.seen, device=device)) % self.window
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, H_kv, T, D = k.shape
+        W = self.window
+        if layer == len(self.k):
+            self.k.append(torch.zeros(B, H_kv, W, D, dtype=k.dtype, device=k.device))
+            self.v.append(torch.zeros(B, H_kv, W, D, dtype=v.dtype, device=v.device))
+        order = self._order(k.device)
+        k_all = torch.cat([self.k[layer][:, :, order], k], dim=2)  # (B, H_kv, held + T, D) chronological
+        v_all = torch.cat([self.v[layer][:, :, order], v], dim=2)
+        keep = min(T, W)  # only the W newest of the new tokens survive this call
+        slots = torch.arange(self.seen + T - keep, self.seen + T, device=k.device) % W
+        self.k[layer][:, :, slots] = k[:, :, T - keep:]
+        self.v[layer][:, :, slots] = v[:, :, T - keep:]
+        return k_all, v_all
+
+    def advance(self, real: torch.Tensor) -> None:
+        super().advance(real)
+        self.length = min(self.length, self.window)
+        self.real = self.real[:, -self.window:]  # (B, held) chronological, like the K/V handed out
+
+    def reset(self) -> None:
+        super().reset()
+        self.k, self.v = [], []
+        self.spec = None
+
+    @property
+    def nbytes(self) -> int:
+        """The ring buffers: allocated once (W tokens per row, layer and K/V head), never grown."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+class _EvictingCache(KVCache):
+    """Held K/V per layer (B, H_kv, S, D), cut back to a budget after every forward call.
+
+    Subclasses say which slots survive: ``_keep(layer)`` returns indices (B, H_kv, budget), sorted.
+    """
+
+    budget: int
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer == len(self.k):
+            self.k.append(k)
+            self.v.append(v)
+        else:
+            self.k[layer] = torch.cat([self.k[layer], k], dim=2)  # (B, H_kv, S + T, D)
+            self.v[layer] = torch.cat([self.v[layer], v], dim=2)
+        return self.k[layer], self.v[layer]
+
+    def advance(self, real: torch.Tensor) -> None:
+        super().advance(real)
+        if self.length <= self.budget:
+            return
+        real_kept = None
+        for layer in range(len(self.k)):
+            idx = self._keep(layer)  # (B, H_kv, budget)
+            gather = idx[..., None].expand(-1, -1, -1, self.k[layer].shape[-1])
+            self.k[layer] = self.k[layer].gather(2, gather)
+            self.v[layer] = self.v[layer].gather(2, gather)
+            self._kept(layer, idx)
+            if real_kept is None:
+                # Padding is never preferred over a real token, so every head of every layer keeps
+                # padding in the same slots: one (B, budget) mask serves them all.
+                real_kept = self.real.gather(1, idx[:, 0])
+        self.real = real_kept
+        self.length = self.budget
+
+    def _keep(self, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _kept(self, layer: int, idx: torch.Tensor) -> None:
+        """Hook: the slots ``idx`` survived (H2O keeps its scores in step)."""
+
+    def reset(self) -> None:
+        super().reset()
+        self.k, self.v = [], []
+        self.spec = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+class SinkCache(_EvictingCache):
+    """StreamingLLM: the first ``sinks`` tokens plus the ``window`` newest.
+
+    (StreamingLLM also re-numbers positions inside the cache to run past the trained length;
+    kvref keeps true positions, so generation stays within max_seq_len.)
+    """
+
+    def __init__(self, sinks: int = 4, window: int = 64) -> None:
+        super().__init__()
+        if not isinstance(sinks, int) or sinks < 0:
+            raise BudgetError(f"sinks must be an integer >= 0; got {sinks!r}")
+        self.sinks, self.recent = sinks, _positive("window", window)
+        self.budget = sinks + window
+
+    def _keep(self, layer: int) -> torch.Tensor:
+        B, H_kv, S, _ = self.k[layer].shape
+        n_old = S - self.recent
+        # The sinks are each row's first `sinks` real tokens (left padding is skipped, never a sink).
+        order = torch.sort((~self.real[:, :n_old]).byte(), dim=-1, stable=True).indices  # real slots first
+        sinks = order[:, : self.sinks].sort(dim=-1).values  # (B, sinks)
+        recent = torch.arange(n_old, S, device=sinks.device).expand(B, -1)
+        return torch.cat([sinks, recent], dim=-1)[:, None].expand(B, H_kv, -1)
+
+
+class H2OCache(_EvictingCache):
+    """Heavy-hitter oracle: per row and K/V head, keep the ``recent`` newest tokens and the ``heavy``
+    older tokens with the largest accumulated attention.
+
+    Each cached token's score is the attention it has received, summed over every query so far
+    and over the query heads sharing its K/V head. Scores are kept per sequence, (B, H_kv, S):
+    the reference H2O code sums them over the batch, which lets one request evict another's
+    tokens; here a row's choice depends on that row alone.
+    """
+
+    observes = True
+
+    def __init__(self, heavy: int = 32, recent: int = 32) -> None:
+        super().__init__()
+        for name, val in (("heavy", heavy), ("recent", recent)):
+            if not isinstance(val, int) or val < 0:
+                raise BudgetError(f"{name} must be an integer >= 0; got {val!r}")
+        self.heavy, self.recent = heavy, recent
+        self.budget = _positive("heavy + recent (the budget)", heavy + recent)
+        self.scores: list[torch.Tensor] = []  # per layer (B, H_kv, S) fp32 accumulated attention
+
+    def observe(self, layer: int, q: torch.Tensor, k: torch.Tensor, mask) -> None:
+        B, H, T, D = q.shape
+        H_kv, S = k.shape[1], k.shape[2]
+        k = k.repeat_interleave(H // H_kv, dim=1)  # (B, H, S, D)
+        att = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, S)
+        if isinstance(mask, str):
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+        if mask is not None:
+            att = att.masked_fill(~mask, float("-inf"))
+        att = F.softmax(att, dim=-1).sum(dim=2)  # (B, H, S): attention each key got from this call's queries
+        att = att.view(B, H_kv, H // H_kv, S).sum(dim=2)  # (B, H_kv, S): per K/V head, never over B
+        if layer == len(self.scores):
+            self.scores.append(att)
+        else:
+            old = self.scores[layer]
+            self.scores[layer] = F.pad(old, (0, S - old.shape[-1])) + att
+
+    def _keep(self, layer: int) -> torch.Tensor:
+        score = self.scores[layer]  # (B, H_kv, S)
+        B, H_kv, S = score.shape
+        n_old = S - self.recent
+        pri = score[..., :n_old].masked_fill(~self.real[:, None, :n_old], float("-inf"))  # padding: last choice
+        order = torch.sort(pri, dim=-1, descending=True, stable=True).indices  # ties: older first
+        heavy = order[..., : self.heavy].sort(dim=-1).values  # (B, H_kv, heavy), chronological
+        recent = torch.arange(n_old, S, device=score.device).expand(B, H_kv, -1)
+        return torch.cat([heavy, recent], dim=-1)
+
+    def _kept(self, layer: int, idx: torch.Tensor) -> None:
+        self.scores[layer] = self.scores[layer].gather(2, idx)
+
+    def reset(self) -> None:
+        super().reset()
+        self.scores = []
+
+    @property
+    def nbytes(self) -> int:
+        """K/V plus the score bookkeeping (one fp32 per held token and K/V head)."""
+        return super().nbytes + sum(t.numel() * t.element_size() for t in self.scores)

@@ -1,0 +1,237 @@
+"""A continuous-batching engine on the paged cache: how a server keeps a GPU busy.
+
+Static batching waits for a whole batch to finish before starting the next one. Continuous
+batching (Orca, vLLM) decides again at *every step* which requests run:
+
+1. Running requests go first, oldest first: one token each if decoding, or the next chunk of
+   their prompt (chunked prefill). All of it must fit in the step's ``token_budget``.
+2. If a request's next tokens need a block and none is free, the *newest* running request is
+   preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
+   later (its prompt and what it has generated so far are simply prefilled again).
+3. Waiting requests are admitted in arrival order while budget lasts and the blocks for their
+   whole prompt are free, plus a small watermark (1 % of the pool) left for running requests to
+   grow into: admitting on the first chunk alone would admit too many and preempt them later.
+4. Finished requests free their blocks at once, so the next step can admit someone new.
+
+A request's state is just ``tokens = prompt + output`` and ``computed`` (tokens whose K/V are
+cached): it needs ``len(tokens) - computed`` more tokens fed, more than one while it prefills, one
+while it decodes. Decodes and prefill chunks run as two forwards per step (one of width 1, one
+left-padded to the longest chunk) so decode rows are not padded to prefill width.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Iterable
+
+import torch
+
+from .model import Transformer
+from .paged import PagedKVCache
+
+
+@dataclass
+class Request:
+    rid: Hashable
+    prompt: list[int]
+    max_new_tokens: int
+    arrival: int = 0  # engine step at which the request shows up
+
+
+@dataclass
+class RequestState:
+    req: Request
+    output: list[int] = field(default_factory=list)
+    computed: int = 0  # tokens whose K/V are in the cache
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at (first) admission
+    preemptions: int = 0
+    arrival_s: float | None = None  # wall time the request entered the queue
+    token_s: list[float] = field(default_factory=list)  # wall time each output token was produced
+    first_token_step: int | None = None
+    finish_step: int | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.req.prompt + self.output
+
+    @property
+    def done(self) -> bool:
+        return len(self.output) >= self.req.max_new_tokens
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token: queueing + prefill + the first sampled token."""
+        return self.token_s[0] - self.arrival_s if self.token_s else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first."""
+        n = len(self.token_s)
+        return (self.token_s[-1] - self.token_s[0]) / (n - 1) if n > 1 else None
+
+
+@dataclass
+class StepStats:
+    step: int
+    prefill_tokens: int
+    decode_tokens: int
+    running: int  # requests holding blocks after the step
+    waiting: int
+    blocks_used: int
+    slots_used: int  # slots holding a token (the rest of blocks_used * block_size is reserved, unused)
+    preempted: int
+    time_s: float
+
+    @property
+    def tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+
+class Engine:
+    """Serve many requests at once on one model and one PagedKVCache (greedy decoding).
+
+    ``clock`` times latencies: wall time by default; ``time.process_time`` counts only this
+    process's CPU time, which a busy shared machine disturbs far less (use it with 1 thread).
+    """
+
+    def __init__(self, model: Transformer, num_blocks: int, block_size: int = 16, token_budget: int = 256,
+                 max_running: int | None = None, prefix_caching: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if token_budget < 1 or (max_running is not None and max_running < 1):
+            raise ValueError(f"token_budget and max_running must be >= 1; got {token_budget}, {max_running}")
+        self.model, self.budget, self.max_running, self.clock = model, token_budget, max_running, clock
+        self.cache = PagedKVCache(model.cfg, num_blocks, block_size, dtype=model.dtype, device=model.device,
+                                  prefix_caching=prefix_caching)
+        self.states: dict[Hashable, RequestState] = {}
+        self.pending: list[RequestState] = []  # not arrived yet
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []  # admission order: the last one is preempted first
+        self.steps: list[StepStats] = []
+        self.step_no = 0
+        self.watermark = num_blocks // 100  # blocks admission leaves free for running requests to grow into
+
+    def add(self, req: Request) -> None:
+        """Queue a request. Zero new tokens: it is finished at once with an empty output."""
+        cfg, pool = self.model.cfg, self.cache.pool
+        if req.rid in self.states:
+            raise ValueError(f"request id {req.rid!r} is already in use")
+        if not req.prompt or not all(isinstance(t, int) and 0 <= t < cfg.vocab_size for t in req.prompt):
+            raise ValueError(f"request {req.rid!r}: the prompt must be a non-empty list of ids in [0, {cfg.vocab_size})")
+        if not isinstance(req.max_new_tokens, int) or req.max_new_tokens < 0:
+            raise ValueError(f"request {req.rid!r}: max_new_tokens must be an integer >= 0; got {req.max_new_tokens!r}")
+        total = len(req.prompt) + req.max_new_tokens
+        if total > cfg.max_seq_len:
+            raise ValueError(f"request {req.rid!r}: prompt ({len(req.prompt)}) + max_new_tokens ({req.max_new_tokens}) "
+                             f"= {total} exceeds max_seq_len={cfg.max_seq_len}")
+        blocks = -(-(total - 1) // pool.block_size)  # the last new token is never fed back, so never stored
+        if blocks > pool.num_blocks:
+            raise ValueError(f"request {req.rid!r} needs up to {blocks} blocks of {pool.block_size} tokens but the "
+                             f"whole pool has {pool.num_blocks}: it could never run; shorten it or grow the pool")
+        state = self.states[req.rid] = RequestState(req)
+        if req.max_new_tokens == 0:
+            state.finish_step = self.step_no
+        else:
+            self.pending.append(state)
+
+    def run(self, requests: Iterable[Request] = ()) -> dict[Hashable, RequestState]:
+        """Add ``requests`` and step until every request has finished."""
+        for r in requests:
+            self.add(r)
+        while self.pending or self.waiting or self.running:
+            if not (self.waiting or self.running):  # idle: jump the clock to the next arrival
+                self.step_no = max(self.step_no, min(s.req.arrival for s in self.pending))
+            self.step()
+        return self.states
+
+    # -- one step ---------------------------------------------------------------------------------
+    def step(self) -> StepStats:
+        t0 = self.clock()
+        for s in sorted((s for s in self.pending if s.req.arrival <= self.step_no), key=lambda s: s.req.arrival):
+            self.pending.remove(s)
+            s.arrival_s = t0
+            self.waiting.append(s)
+        plan, preempted = self._schedule()
+        for rows in ([p for p in plan if p[1] == 1], [p for p in plan if p[1] > 1]):  # decodes, then prefills
+            if rows:
+                self._forward(rows)
+        stats = StepStats(
+            step=self.step_no, prefill_tokens=sum(n for _, n in plan if n > 1),
+            decode_tokens=sum(n for _, n in plan if n == 1), running=len(self.running), waiting=len(self.waiting),
+            blocks_used=self.cache.pool.num_used, slots_used=self.cache.tokens_stored(), preempted=preempted,
+            time_s=self.clock() - t0)
+        self.steps.append(stats)
+        self.step_no += 1
+        return stats
+
+    def _schedule(self) -> tuple[list[tuple[RequestState, int]], int]:
+        """Pick (request, tokens to feed) pairs for this step within the token budget and free blocks."""
+        cache, plan, budget, claimed, preempted = self.cache, [], self.budget, 0, 0
+        i = 0
+        while i < len(self.running) and budget > 0:
+            s = self.running[i]
+            n = min(len(s.tokens) - s.computed, budget)
+            need = cache.blocks_needed(s.req.rid, n)
+            while need > cache.pool.num_free - claimed and self.running[-1] is not s:
+                self._preempt(self.running[-1])  # newest first: it has done the least work
+                preempted += 1
+            if need > cache.pool.num_free - claimed:  # s itself is the newest: it waits
+                self._preempt(s)
+                preempted += 1
+                break
+            plan.append((s, n))
+            claimed, budget, i = claimed + need, budget - n, i + 1
+        while self.waiting and budget > 0 and len(self.running) < (self.max_running or 1 << 30):
+            s = self.waiting[0]
+            cached = cache.add_sequence(s.req.rid, s.tokens)  # with prefix caching: takes cached blocks
+            n = min(len(s.tokens) - cached, budget)
+            need = cache.blocks_needed(s.req.rid, n)
+            whole = cache.blocks_needed(s.req.rid, len(s.tokens) - cached) + (self.watermark if self.running else 0)
+            if whole > cache.pool.num_free - claimed:
+                cache.free_sequence(s.req.rid)  # not now: keep arrival order, try again next step
+                break
+            self.waiting.popleft()
+            if s.preemptions == 0:  # count the prefix cache's help once, not again on recompute
+                s.cached_tokens = cached
+            s.computed = cached
+            self.running.append(s)
+            plan.append((s, n))
+            claimed, budget = claimed + need, budget - n
+        return plan, preempted
+
+    def _preempt(self, s: RequestState) -> None:
+        self.cache.free_sequence(s.req.rid)
+        self.running.remove(s)
+        s.computed = 0  # recompute from scratch (prompt + output so far) when readmitted
+        s.preemptions += 1
+        self.waiting.appendleft(s)
+
+    @torch.inference_mode()
+    def _forward(self, rows: list[tuple[RequestState, int]]) -> None:
+        """One forward for these rows, left-padded to the widest; then sample, finish and free."""
+        T, dev = max(n for _, n in rows), self.model.device
+        ids = torch.zeros(len(rows), T, dtype=torch.long, device=dev)
+        mask = torch.zeros(len(rows), T, dtype=torch.bool, device=dev)
+        chunks = []
+        for b, (s, n) in enumerate(rows):
+            chunks.append(s.tokens[s.computed:s.computed + n])
+            ids[b, T - n:] = torch.tensor(chunks[-1], device=dev)
+            mask[b, T - n:] = True
+        self.cache.begin([s.req.rid for s, _ in rows], [n for _, n in rows], chunks)
+        logits = self.model(ids, cache=self.cache, attention_mask=None if bool(mask.all()) else mask,
+                            last_only=True)[:, -1]  # (B, V)
+        nxt = logits.argmax(dim=-1).tolist()
+        now = self.clock()
+        for b, (s, n) in enumerate(rows):
+            s.computed += n
+            if s.computed < len(s.tokens):
+                continue  # mid-prefill: these logits are not needed
+            s.output.append(nxt[b])
+            s.token_s.append(now)
+            if s.first_token_step is None:
+                s.first_token_step = self.step_no
+            if s.done:
+                s.finish_step = self.step_no
+                self.cache.free_sequence(s.req.rid)
+                self.running.remove(s)

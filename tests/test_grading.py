@@ -1,0 +1,248 @@
+"""Unit tests for kvref/grading.py, the helpers every graded test cell of the notebooks uses.
+
+The same helpers are exercised inside a real notebook kernel, through nbgrader, by
+tests/test_pipeline.py (the self-test assignment); here they run in-process, fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kvref
+from kvref import grading
+from kvref.cache import StaticCache
+
+# -- assert_close / assert_equal ----------------------------------------------------------------
+
+
+def test_assert_close_passes_within_tolerance():
+    x = torch.randn(2, 3)
+    grading.assert_close(x + 5e-6, x, atol=1e-5)  # |error| = 5e-6 <= 1e-5
+    grading.assert_close(x * (1 + 1e-3), x, atol=0.0, rtol=2e-3)  # relative error 1e-3 <= 2e-3
+
+
+def test_assert_close_catches_tolerance():
+    x = torch.zeros(2, 3)
+    y = x.clone()
+    y[1, 2] = 1e-3
+    with pytest.raises(AssertionError, match=r"logits: max difference 0.001 at index \(1, 2\)"):
+        grading.assert_close(y, x, atol=1e-5, what="logits")
+
+
+def test_assert_close_catches_shape():
+    with pytest.raises(AssertionError, match=r"keys: shape \(1, 2, 4, 8\), expected \(1, 2, 5, 8\)"):
+        grading.assert_close(torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 5, 8), what="keys")
+
+
+def test_assert_close_catches_nan_and_inf():
+    for bad in (float("nan"), float("inf")):
+        x = torch.zeros(3)
+        x[1] = bad
+        with pytest.raises(AssertionError, match="NaN or inf"):
+            grading.assert_close(x, torch.zeros(3), atol=1e9)  # any tolerance: a NaN is never close
+
+
+def test_assert_close_wants_a_tensor():
+    with pytest.raises(AssertionError, match="expected a torch.Tensor, got list"):
+        grading.assert_close([0.0, 1.0], torch.tensor([0.0, 1.0]))
+
+
+def test_assert_equal():
+    grading.assert_equal(torch.tensor([1, 2]), torch.tensor([1, 2]))
+    grading.assert_equal(3, 3)
+    with pytest.raises(AssertionError, match="tokens: differs"):
+        grading.assert_equal(torch.tensor([1, 3]), torch.tensor([1, 2]), what="tokens")
+    with pytest.raises(AssertionError, match=r"tokens: differs .* \(got list\)"):
+        grading.assert_equal([1, 2], torch.tensor([1, 2]), what="tokens")
+    with pytest.raises(AssertionError, match="rows: got 7, expected 8"):
+        grading.assert_equal(7, 8, what="rows")
+
+
+# -- RowCounter ---------------------------------------------------------------------------------
+
+
+def test_row_counter_counts_rows_per_layer():
+    k_proj, v_proj = nn.Linear(8, 4), nn.Linear(8, 4)
+    x = torch.randn(3, 5, 8)  # (B, T, d): 15 rows
+    with grading.RowCounter([k_proj, v_proj]) as rows:
+        k_proj(x), v_proj(x)
+        assert rows.rows == 15  # readable inside the block
+        k_proj(x[:, -1:]), v_proj(x[:, -1:])  # one decode step: B rows
+    assert rows.rows == 15 + 3
+
+
+def test_row_counter_removes_hooks_and_restarts():
+    lin = nn.Linear(8, 4)
+    counter = grading.RowCounter([lin])
+    with pytest.raises(RuntimeError):
+        with counter:
+            lin(torch.randn(2, 8))
+            raise RuntimeError("student code crashed")
+    assert len(lin._forward_hooks) == 0  # removed even though the block raised
+    lin(torch.randn(10, 8))
+    assert counter.rows == 2  # nothing counted outside the block
+    with counter:
+        lin(torch.randn(4, 8))
+    assert counter.rows == 4  # a new `with` starts from zero
+
+
+def test_row_counter_needs_layers():
+    with pytest.raises(AssertionError, match="at least one layer"):
+        grading.RowCounter([])
+
+
+# -- forbid -------------------------------------------------------------------------------------
+
+
+def test_forbid_blocks_the_reference_and_restores():
+    original = kvref.generate
+    with grading.forbid("kvref.generate"):
+        with pytest.raises(AssertionError, match="your code called kvref.generate; write this part yourself"):
+            kvref.generate(None, None)
+    assert kvref.generate is original
+
+
+def test_forbid_blocks_names_imported_into_main(monkeypatch):
+    # A notebook did `from kvref import generate as g` (the kernel's namespace is __main__),
+    # and a student function looks the name up at call time.
+    main = sys.modules["__main__"]
+    original = kvref.generate
+    monkeypatch.setattr(main, "g", original, raising=False)
+    exec("def student_generate():\n    return g(None, None)\n", vars(main))
+    monkeypatch.setattr(main, "student_generate", vars(main)["student_generate"], raising=False)
+    with grading.forbid("kvref.generate"):
+        with pytest.raises(AssertionError, match="your code called kvref.generate"):
+            main.student_generate()
+        with pytest.raises(AssertionError):
+            sys.modules["kvref.generate"].generate(None, None)  # the defining module too
+    assert main.g is original and kvref.generate is original
+    assert sys.modules["kvref.generate"].generate is original
+
+
+def test_forbid_restores_after_an_error_and_takes_functions():
+    original = kvref.generate
+    with pytest.raises(ZeroDivisionError):
+        with grading.forbid(kvref.generate):  # the function itself, not its name
+            with pytest.raises(AssertionError):
+                kvref.generate(None, None)
+            1 / 0
+    assert kvref.generate is original
+
+
+def test_forbid_method_restores_the_class_attribute():
+    raw = StaticCache.__dict__["update"]
+    with grading.forbid("kvref.cache.StaticCache.update"):
+        with pytest.raises(AssertionError, match="StaticCache.update"):
+            StaticCache.update(None, 0, None, None)
+    assert StaticCache.__dict__["update"] is raw
+
+
+# -- time_limit ---------------------------------------------------------------------------------
+
+
+def spin():
+    while True:
+        pass
+
+
+def swallow_once():
+    try:
+        spin()
+    except Exception:  # a student's over-broad except: the limit must still end the loop below
+        pass
+    spin()
+
+
+def test_time_limit_interrupts_a_loop_in_a_called_function():
+    t0 = time.monotonic()
+    with pytest.raises(grading.GradingTimeout, match="longer than 0.2 s"):
+        with grading.time_limit(0.2):
+            spin()
+    assert time.monotonic() - t0 < 5  # 0.2 s plus scheduling noise on a busy machine
+
+
+def test_time_limit_survives_a_swallowed_timeout():
+    with pytest.raises(grading.GradingTimeout):
+        with grading.time_limit(0.2):  # fires at 0.2 s, is swallowed, fires again 1 s later
+            swallow_once()
+
+
+def test_time_limit_nested_keeps_the_outer_limit():
+    with pytest.raises(grading.GradingTimeout, match="longer than 0.5 s"):
+        with grading.time_limit(0.5):
+            with grading.time_limit(10):
+                pass  # the inner block ends at once ...
+            spin()  # ... and the outer limit still holds
+    with pytest.raises(grading.GradingTimeout, match="longer than 0.2 s"):
+        with grading.time_limit(10):
+            with grading.time_limit(0.2):
+                spin()
+
+
+def test_time_limit_is_off_afterwards():
+    with grading.time_limit(0.1):
+        pass
+    time.sleep(0.3)  # no alarm left behind to fire here
+
+
+# -- checked ------------------------------------------------------------------------------------
+
+
+def test_checked_swallows_warnings_and_stderr(capfd):
+    handler = logging.StreamHandler(sys.stderr)  # created before, like transformers' logger
+    log = logging.getLogger("kvref-test-checked")
+    log.addHandler(handler)
+    try:
+        with grading.checked(seconds=30):
+            warnings.warn("a python warning")
+            torch.nn.functional.softmax(torch.zeros(2, 3))  # torch: implicit dim is deprecated
+            print("to sys.stderr", file=sys.stderr)
+            os.write(2, b"to file descriptor 2, as C code writes\n")
+            log.warning("a log record")
+    finally:
+        log.removeHandler(handler)
+    assert capfd.readouterr().err == ""
+
+
+def test_checked_restores_everything_and_lets_failures_through(capfd):
+    stderr, filters = sys.stderr, list(warnings.filters)
+    with pytest.raises(AssertionError, match="wrong answer"):
+        with grading.checked(seconds=30):
+            raise AssertionError("wrong answer")
+    assert sys.stderr is stderr and warnings.filters == filters
+    assert logging.root.manager.disable == logging.NOTSET
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"
+
+
+def test_checked_has_a_time_limit():
+    with pytest.raises(grading.GradingTimeout):
+        with grading.checked(seconds=0.2):
+            spin()
+
+
+# -- assert_faster ------------------------------------------------------------------------------
+
+
+def test_assert_faster_passes_for_a_clearly_faster_function():
+    # 10x apart by construction; sleeping adds at most a millisecond or so of noise, so the
+    # best-of-5 ratio stays far above 3 even on a loaded machine.
+    ratio = grading.assert_faster(lambda: time.sleep(0.002), lambda: time.sleep(0.02), at_least=3.0)
+    assert ratio >= 3.0
+
+
+def test_assert_faster_fails_for_equal_functions():
+    def same():
+        time.sleep(0.005)
+
+    # The same function twice: the ratio is about 1, never 3.
+    with pytest.raises(AssertionError, match=r"only \d+\.\d\dx faster .* at least 3x"):
+        grading.assert_faster(same, same, at_least=3.0)
