@@ -23,7 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .cache import KVCache
+from .cache import DynamicCache
 
 
 class BudgetError(ValueError):
@@ -36,18 +36,18 @@ def _positive(name: str, value) -> int:
     return value
 
 
-class SlidingWindowCache(KVCache):
+class SlidingWindowCache(DynamicCache):
     """The W newest tokens in a ring buffer: slot ``pos % W`` holds the token of position ``pos``.
 
     ``update`` returns the held tokens in chronological order followed by the new ones, and sets
     ``window`` so the model's mask lets each query see only its W most recent keys (itself included).
+    ``self.k``/``self.v`` hold per layer a (B, H_kv, W, D) ring buffer, allocated once, never grown
+    (``nbytes`` and ``reset`` are DynamicCache's).
     """
 
     def __init__(self, window: int) -> None:
         super().__init__()
         self.window = _positive("window", window)
-        self.k: list[torch.Tensor] = []  # per layer (B, H_kv, W, D) ring buffers
-        self.v: list[torch.Tensor] = []
 
     def _order(self, device: torch.device) -> torch.Tensor:
         """Ring slots of the held tokens, oldest first."""
@@ -74,38 +74,15 @@ class SlidingWindowCache(KVCache):
         self.length = min(self.length, self.window)
         self.real = self.real[:, -self.window:]  # (B, held) chronological, like the K/V handed out
 
-    def reset(self) -> None:
-        super().reset()
-        self.k, self.v = [], []
-        self.spec = None
 
-    @property
-    def nbytes(self) -> int:
-        """The ring buffers: allocated once (W tokens per row, layer and K/V head), never grown."""
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-
-class _EvictingCache(KVCache):
-    """Held K/V per layer (B, H_kv, S, D), cut back to a budget after every forward call.
+class _EvictingCache(DynamicCache):
+    """Held K/V per layer (B, H_kv, S, D), grown like DynamicCache, then cut back to a budget after
+    every forward call.
 
     Subclasses say which slots survive: ``_keep(layer)`` returns indices (B, H_kv, budget), sorted.
     """
 
     budget: int
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer == len(self.k):
-            self.k.append(k)
-            self.v.append(v)
-        else:
-            self.k[layer] = torch.cat([self.k[layer], k], dim=2)  # (B, H_kv, S + T, D)
-            self.v[layer] = torch.cat([self.v[layer], v], dim=2)
-        return self.k[layer], self.v[layer]
 
     def advance(self, real: torch.Tensor) -> None:
         super().advance(real)
@@ -130,15 +107,6 @@ class _EvictingCache(KVCache):
 
     def _kept(self, layer: int, idx: torch.Tensor) -> None:
         """Hook: the slots ``idx`` survived (H2O keeps its scores in step)."""
-
-    def reset(self) -> None:
-        super().reset()
-        self.k, self.v = [], []
-        self.spec = None
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
 class SinkCache(_EvictingCache):

@@ -58,8 +58,8 @@ class Linear(nn.Linear):
         if x.device.type != "cpu" or x.dtype != torch.float32 or not 8 <= rows <= 32:
             return super().forward(x)
         x2 = x.reshape(rows, self.in_features)
-        y = self.weight @ x2.T if self.bias is None else torch.addmm(self.bias[:, None], self.weight, x2.T)  # (out, rows)
-        return y.T.contiguous().view(*x.shape[:-1], self.out_features)
+        y = self.weight @ x2.T if self.bias is None else torch.addmm(self.bias[:, None], self.weight, x2.T)
+        return y.T.contiguous().view(*x.shape[:-1], self.out_features)  # y was (out, rows)
 
 
 class Attention(nn.Module):

@@ -1,6 +1,6 @@
 """Core benchmark: what the KV cache buys, and how fast kvref decodes.
 
-    python -m kvref.bench [core] [--quick] [--plot FILE.png] [--repeats 5] [--threads N]
+    python -m kvref.bench [core] [--quick] [--plot FILE.png] [--repeats 5] [--threads 1]
 
 Model: GPT-2-124M's shape (``ModelConfig.preset("gpt2")``) with random fp32 weights, no download:
 a seeded ``transformers.GPT2LMHeadModel`` is saved to a temporary folder and read back with
@@ -21,8 +21,8 @@ import argparse
 import copy
 import datetime
 import logging
-import statistics
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -181,7 +181,8 @@ def roofline(model, prompt, new, probe_rows, k, bar, bars) -> list[Row]:
         Row("3 roofline", "read bandwidth (fp32 matrix-vector product)", f"{bandwidth / 1e9:.1f} GB/s",
             note=f"{probe_rows}x{cols} matrix ({W.numel() * 4 / 2**20:.0f} MiB); best of {k} medians of 5"),
         Row("3 roofline", "bytes read per decode token (weights + K/V)",
-            f"{w_bytes / 1e6:.0f} + {kv_bytes / 1e6:.1f} MB", note=f"B=1, {prompt + new / 2:.0f} cached tokens on average"),
+            f"{w_bytes / 1e6:.0f} + {kv_bytes / 1e6:.1f} MB",
+            note=f"B=1, {prompt + new / 2:.0f} cached tokens on average"),
         Row("3 roofline", "decode tokens/s: ideal (bandwidth / bytes) / measured", f"{ideal:.1f} / {measured:.1f}",
             note=f"prompt {prompt}, {new} new; best of {k} medians of the {new - 1} decode steps"),
         at_least("3 roofline", "decode speed / roofline", measured / ideal, 0.8, "%"),
@@ -229,7 +230,8 @@ def compiled_vs_eager(model, device, prompt, new, k, bar) -> list[Row]:
     return [
         Row(section, name + "compile time (first run - steady run)", f"{first - steady:.1f} s",
             note=f"prompt {prompt}, {new} new, B=1; {breaks} graph breaks (input checks, cache bookkeeping)"),
-        Row(section, name + "decode ms/token eager / compiled", f"{1e3 * best['eager']:.2f} / {1e3 * best['compiled']:.2f}",
+        Row(section, name + "decode ms/token eager / compiled",
+            f"{1e3 * best['eager']:.2f} / {1e3 * best['compiled']:.2f}",
             note=f"speed-up {best['eager'] / best['compiled']:.2f}x; best of {k}"),
         Row(section, name + "greedy tokens compiled == eager", "identical" if same else "DIFFER"),
     ]
@@ -246,6 +248,7 @@ def table(rows: list[Row]) -> str:
 
 def plot(path: str, curve, bars, roof) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -255,6 +258,9 @@ def plot(path: str, curve, bars, roof) -> None:
     a.plot(n, fast, "o-", label="static cache")
     a.plot(n, slow, "s-", label="no cache")
     a.set(xscale="log", yscale="log", xlabel="new tokens N", ylabel="tokens/s", title="1. cache vs no cache (B=1)")
+    a.set_xticks(n, [str(v) for v in n], minor=False)
+    a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    a.yaxis.set_minor_formatter(matplotlib.ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
     a.legend()
     xs = range(len(bars))
     b.bar([i - 0.2 for i in xs], [o for _, o, _ in bars], 0.4, label="kvref")
@@ -273,7 +279,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="few tokens and repeats: checks that it works (~1 min)")
     ap.add_argument("--plot", metavar="FILE.png", help="also save a figure")
     ap.add_argument("--repeats", type=int, default=None, help="best of k (default 5, 2 with --quick)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads (default: all cores)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: on a shared machine, multi-threaded small matmuls stall "
+                         "whenever another process holds a core; see docs/benchmarks.md)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -282,7 +290,8 @@ def main(argv: list[str] | None = None) -> None:
     lengths = (16, 64) if q else (64, 128, 256, 512, 1016)
     new, batches = (16 if q else 128), ((1, 1.3), (16, 1.5))
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    total = sum(k + (1 if n >= ONE_RUN_FROM else k) for n in lengths) + 2 * k * len(batches) + 2 * k + len(devices) * (2 * k + 1)
+    total = (sum(k + (1 if n >= ONE_RUN_FROM else k) for n in lengths) + 2 * k * len(batches) + 2 * k
+             + len(devices) * (2 * k + 1))  # timed runs, for the progress bar
     bar = tqdm(total=total, desc="kvref.bench core", unit="run", file=sys.stderr)
 
     model, hf = gpt2_pair(args.seed)
@@ -298,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(Row("4 compile", "cuda", "skipped", note="no CUDA device in this run"))
     bar.close()
 
-    cpu = f"{os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads"
+    cpu = f"{os.cpu_count()} CPU cores, torch threads: {torch.get_num_threads()}"
     import transformers
 
     print(f"\n## kvref core benchmark ({datetime.date.today()}; {cpu}; torch {torch.__version__}, "
