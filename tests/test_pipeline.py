@@ -261,7 +261,7 @@ def test_release_is_up_to_date(graded, stem):
 
 
 def test_no_stale_release():
-    stale = [p.name for p in NOTEBOOKS.glob("*.ipynb") if p.stem not in STEMS]
+    stale = [p.name for p in NOTEBOOKS.glob("*.ipynb") if p.stem not in solution_files(SOLUTIONS)]
     assert not stale, f"notebooks/ without a source in solutions/ (run `make release`): {stale}"
 
 
