@@ -1,0 +1,102 @@
+"""The troubleshooting lab's engines (kvref/faults.py): each fault shows in its instrumentation, and
+only there: every engine still produces the healthy engine's tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvref import faults as F
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return F.lab_model()
+
+
+@pytest.fixture(scope="module")
+def runs(model):
+    """{fault: (engine after the run, trace)} for the healthy engine ("none") and every fault."""
+    out = {}
+    for cls in (F.TracedEngine, *F.FAULTS.values()):
+        eng = cls(model)
+        out[cls.fault] = (eng, eng.run_traced(F.lab_requests()))
+    return out
+
+
+def outputs(eng) -> dict:
+    return {rid: s.output for rid, s in eng.states.items()}
+
+
+def test_faults_change_cost_not_tokens(runs):
+    # Greedy decoding: the same tokens whatever the scheduling, so a fault never shows in the answers.
+    healthy = outputs(runs["none"][0])
+    assert all(len(v) for v in healthy.values())
+    for fault, (eng, _) in runs.items():
+        assert outputs(eng) == healthy, fault
+
+
+def test_healthy_trace(runs):
+    eng, t = runs["none"]
+    for rid, r in t.requests.items():
+        # The prompt (less what the prefix cache supplied) for the first token, then one row per token.
+        assert r.rows_per_token == [r.prompt_len - r.cached_tokens] + [1] * (r.new_tokens - 1), rid
+        assert len(r.token_s) == r.new_tokens and r.ttft_s >= 0
+    assert sum(r.cached_tokens for r in t.requests.values()) > 0  # the shared system prompt is reused
+    assert t.blocks_used[-1] == 0 and max(t.blocks_used) <= t.num_blocks
+    assert max(t.step_tokens) <= F.TOKEN_BUDGET  # chunked prefill keeps every step within the budget
+    # Every token fed is charged to exactly one request's output token; the model also computes the
+    # padding of ragged prefill batches, so it counts at least as many rows.
+    assert sum(t.step_tokens) == sum(sum(r.rows_per_token) for r in t.requests.values()) <= sum(t.step_rows)
+
+
+def test_recompute_rows_grow_by_one_per_token(model):
+    t = F.run_traced(F.RecomputeEngine, model, [F.solo_request()])
+    r = t.requests["solo"]
+    # Token i needs the prompt and the i tokens before it again: prompt_len + i rows.
+    assert r.rows_per_token == [r.prompt_len + i for i in range(r.new_tokens)]
+
+
+def test_prefix_not_cached(runs):
+    _, t = runs["shared_prefix_not_cached"]
+    assert all(r.cached_tokens == 0 and r.rows_per_token[0] == r.prompt_len for r in t.requests.values())
+
+
+def test_leak_is_one_block_per_request(runs):
+    _, t = runs["blocks_not_freed"]
+    # Each finished request keeps its last block (it holds generated tokens, so it is never shared).
+    assert t.blocks_used[-1] == len(t.requests) == len(F.lab_requests())
+
+
+def stalls(t: F.Trace) -> int:
+    """Steps where a request waits although the step had budget left and enough free blocks."""
+    return sum(1 for fed, free, need, w in zip(t.step_tokens, t.free_blocks, t.head_need, t.waiting)
+               if w and fed < t.token_budget and free >= need)
+
+
+def test_fragmentation_stalls_mostly_the_contiguous_engine(runs):
+    # A paged engine can look stalled for a step (blocks freed by a request finishing in that very step
+    # were not free when it scheduled); the contiguous one waits for many steps with memory to spare.
+    frag = runs["contiguous_fragmentation"][1]
+    others = max(stalls(t) for fault, (_, t) in runs.items() if fault != "contiguous_fragmentation")
+    assert stalls(frag) >= 5 * max(others, 1)
+    # ... because no run of adjacent free blocks is long enough, although the free blocks would do.
+    assert any(w and f >= n > run for w, f, n, run in zip(frag.waiting, frag.free_blocks, frag.head_need,
+                                                         frag.largest_free_run))
+
+
+def test_whole_prompt_activation_spike(runs):
+    _, healthy = runs["none"]
+    _, t = runs["whole_prompt_prefill"]
+    assert max(t.step_tokens) > F.TOKEN_BUDGET  # the 150-token document in one forward
+    # The document's scores (H x 150 x 150) and MLP hidden (150 x 2 d_ff) dwarf a 32-token chunk's.
+    assert max(t.act_bytes) > 2 * max(healthy.act_bytes)
+
+
+def test_mystery_lab_is_shuffled_and_keyed(model):
+    lab = F.mystery_lab(seed=1, model=model)
+    key = F.answer_key(lab)
+    assert sorted(key.values()) == sorted(F.FAULTS) and list(key) == [f"engine_{c}" for c in "ABCDE"]
+    assert key != dict(zip(key, F.FAULTS))  # this seed does shuffle
+    assert set(F.FIX_FOR.values()) < set(F.FIXES)
