@@ -66,9 +66,10 @@ release: $(STAMP)
 	$(PY) -m autograder release
 
 # Autograde a folder of submissions: $(SUBMISSIONS)/<student>/NN_topic.ipynb -> $(OUT)/grades.csv + feedback.
+# Optional: WORKERS=N (default: CPU cores), SHARD=K/N, FORCE=1, GRADE_ARGS="--notebook-timeout 300 ...".
 grade: $(STAMP)
-	@test -n "$(SUBMISSIONS)" -a -n "$(OUT)" || { echo "usage: make grade SUBMISSIONS=<dir> OUT=<dir>" >&2; exit 2; }
-	$(PY) -m autograder grade "$(SUBMISSIONS)" "$(OUT)"
+	@test -n "$(SUBMISSIONS)" -a -n "$(OUT)" || { echo "usage: make grade SUBMISSIONS=<dir or .zip> OUT=<dir> [WORKERS=N] [SHARD=K/N] [FORCE=1]" >&2; exit 2; }
+	$(PY) -m autograder grade "$(SUBMISSIONS)" "$(OUT)" $(if $(WORKERS),--workers $(WORKERS)) $(if $(SHARD),--shard $(SHARD)) $(if $(FORCE),--force) $(GRADE_ARGS)
 
 clean:
 	rm -rf _build

@@ -1,4 +1,9 @@
-"""Command line: ``python -m autograder release [--check]`` and ``python -m autograder grade SUBMISSIONS OUT``."""
+"""Command line:
+
+    python -m autograder release [--check]
+    python -m autograder grade SUBMISSIONS OUT [--workers N] [--shard K/N] [--force] ...
+    python -m autograder merge SHARD_OUT_OR_CSV ... -o grades.csv
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from .batch import STATUSES, Settings, merge
 from .commands import NOTEBOOKS, SOLUTIONS, grade, release
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("release", help="regenerate the student notebooks from the instructor sources")
@@ -18,16 +25,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--solutions", type=Path, default=SOLUTIONS, help=f"instructor sources (default {SOLUTIONS})")
     p.add_argument("--dest", type=Path, default=NOTEBOOKS, help=f"where the student notebooks go (default {NOTEBOOKS})")
 
-    g = sub.add_parser("grade", help="autograde SUBMISSIONS/<student>/<NN_topic>.ipynb into OUT")
-    g.add_argument("submissions", type=Path)
+    statuses = "; ".join(f"{k}: {v}" for k, v in STATUSES.items())
+    g = sub.add_parser("grade", help="autograde SUBMISSIONS/<student>/<NN_topic>.ipynb into OUT",
+                       description=f"Writes OUT/grades.csv (student, notebook, score, max_score, status, reason), "
+                                   f"OUT/feedback/<student>/<NN_topic>.html and OUT/grading.json. Statuses: {statuses}.")
+    g.add_argument("submissions", type=Path, help="folder or .zip of <student>/<NN_topic>.ipynb")
     g.add_argument("out", type=Path)
     g.add_argument("--solutions", type=Path, default=SOLUTIONS, help=f"instructor sources (default {SOLUTIONS})")
-    g.add_argument("--workers", type=int, default=None, help="submissions graded in parallel (default: CPU cores)")
+    g.add_argument("--workers", type=int, default=None, help="notebooks graded in parallel (default: CPU cores)")
+    g.add_argument("--shard", default=None, metavar="K/N", help="grade only the K-th of N deterministic shares of the students")
+    g.add_argument("--force", action="store_true", help="grade again what is unchanged since the last run in OUT")
+    g.add_argument("--notebooks", default=None, help="comma-separated NN_topic names every student must hand in "
+                                                     "(default: every notebook somebody handed in)")
+    g.add_argument("--cell-timeout", type=float, default=0, help="seconds per cell (default: nbgrader_config.py)")
+    g.add_argument("--notebook-timeout", type=float, default=600, help="wall-clock seconds per notebook (default 600)")
+    g.add_argument("--memory", type=int, default=4096, help="address-space limit of each kernel, MB (default 4096)")
+    g.add_argument("--no-sandbox", action="store_true", help="run kernels with resource limits only (no namespaces)")
+
+    m = sub.add_parser("merge", help="join the grades.csv of several shards")
+    m.add_argument("inputs", type=Path, nargs="+", help="grades.csv files or the OUT folders of the shards")
+    m.add_argument("-o", "--output", type=Path, required=True)
 
     args = parser.parse_args(argv)
     if args.command == "release":
         return release(args.solutions, args.dest, check=args.check)
-    return grade(args.submissions, args.out, solutions=args.solutions, workers=args.workers)
+    if args.command == "merge":
+        return merge(args.inputs, args.output)
+    settings = Settings(cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
+                        memory_mb=args.memory, isolate=not args.no_sandbox)
+    names = [s for s in (args.notebooks or "").split(",") if s] or None
+    return grade(args.submissions, args.out, solutions=args.solutions, workers=args.workers, settings=settings,
+                 shard=args.shard, force=args.force, notebook_names=names)
 
 
 if __name__ == "__main__":

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -103,45 +99,10 @@ def release(solutions: Path = SOLUTIONS, dest: Path = NOTEBOOKS, check: bool = F
 
 
 # -- grading ------------------------------------------------------------------------------------
+# The batch grader lives in batch.py (preflight, sandboxed jobs, cache, shards); these names stay
+# importable from here.
 
-
-@dataclass
-class Row:
-    student: str
-    notebook: str
-    score: float
-    max_score: float
-
-
-def find_submissions(submissions: Path, stems: set[str], say: Say = _stderr) -> dict[str, dict[str, Path]]:
-    """{stem: {student: path}} from ``submissions``/<student>/<stem>.ipynb; anything else is
-    reported and skipped."""
-    found: dict[str, dict[str, Path]] = {}
-    for folder in sorted(Path(submissions).iterdir()):
-        if folder.name.startswith("."):
-            continue
-        if not folder.is_dir():
-            say(f"skipped {folder}: expected one folder per student")
-            continue
-        if not STUDENT_RE.match(folder.name):
-            say(f"skipped {folder}: a student id is letters, digits and _ . @ - (starting with a letter or digit)")
-            continue
-        for path in sorted(folder.iterdir()):
-            if path.name.startswith("."):
-                continue
-            if path.suffix == ".ipynb" and path.stem in stems and path.is_file():
-                found.setdefault(path.stem, {})[folder.name] = path
-            else:
-                say(f"skipped {path}: not one of the course notebooks ({', '.join(sorted(stems))})")
-    return found
-
-
-def write_csv(rows: list[Row], path: Path) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["student", "notebook", "score", "max_score"])
-        for r in sorted(rows, key=lambda r: (r.student, r.notebook)):
-            w.writerow([r.student, r.notebook, f"{r.score:g}", f"{r.max_score:g}"])
+from .batch import CSV_FIELDS, STATUSES, Row, Settings, grade_batch, merge, read_csv, write_csv  # noqa: E402
 
 
 def default_workers() -> int:
@@ -149,58 +110,10 @@ def default_workers() -> int:
 
 
 def grade(submissions: Path, out: Path, solutions: Path = SOLUTIONS, workers: int | None = None,
-          say: Say = _stderr) -> int:
-    """Autograde ``submissions``/<student>/<NN_topic>.ipynb against the current solutions.
-
-    Writes ``out``/grades.csv (student, notebook, score, max_score: one row per submitted
-    notebook) and ``out``/feedback/<student>/<NN_topic>.html. Submissions are graded by
-    ``workers`` processes in parallel (default: one per CPU core). A submission nbgrader cannot
-    process scores 0, gets no feedback page, and makes the exit status 1.
-    """
-    sources = solution_files(solutions)
-    if not sources:
-        say(f"error: no NN_topic.ipynb notebooks in {solutions}")
-        return 2
-    submissions, out = Path(submissions), Path(out)
-    if not submissions.is_dir():
-        say(f"error: {submissions} is not a folder of <student>/<NN_topic>.ipynb")
-        return 2
-    found = find_submissions(submissions, set(sources), say)
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(out / "feedback", ignore_errors=True)
-    rows: list[Row] = []
-    failed: list[str] = []
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="kvcourse-grade-") as tmp:
-        course = Course(tmp, {stem: sources[stem] for stem in found})
-        for stem in sorted(found):
-            course.generate(stem)
-            for student, path in found[stem].items():
-                course.submit(stem, student, path)
-        results = course.autograde_all(workers=workers or default_workers(), feedback=True)
-        for stem in sorted(found):
-            scores = course.scores(stem)
-            max_score = notebooks.max_points(notebooks.read(sources[stem]))
-            for student in sorted(found[stem]):
-                s = scores.get(student)
-                if s is None:
-                    failed.append(f"{student}/{stem}.ipynb")
-                    rows.append(Row(student, stem, 0.0, max_score))
-                    continue
-                rows.append(Row(student, stem, s.score, s.max_score))
-                page = course.feedback_path(stem, student)
-                if page.is_file():
-                    dest = out / "feedback" / student / f"{stem}.html"
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(page, dest)
-            if any(f.endswith(f"/{stem}.ipynb") for f in failed):
-                for r in results.get(stem, []):
-                    if not r.get("success"):
-                        say(f"nbgrader's log for {stem}:\n{r.get('log', '')[-4000:]}")
-    write_csv(rows, out / "grades.csv")
-    n = sum(len(v) for v in found.values())
-    say(f"graded {n} submission(s) in {time.perf_counter() - t0:.0f} s; wrote {out / 'grades.csv'}")
-    if failed:
-        say(f"could not grade (scored 0): {', '.join(failed)}")
-        return 1
-    return 0
+          say: Say = _stderr, **options) -> int:
+    """Autograde ``submissions``/<student>/<NN_topic>.ipynb (a folder or a .zip) against the
+    current solutions into ``out``/grades.csv (student, notebook, score, max_score, status,
+    reason) and ``out``/feedback/<student>/<NN_topic>.html. ``options``: settings (a
+    ``batch.Settings``), shard ("K/N"), force, notebook_names; see ``batch.grade_batch``.
+    Returns 0 when every submission has its row, whatever its status; 2 on a usage error."""
+    return grade_batch(submissions, out, solutions, workers=workers or default_workers(), say=say, **options)

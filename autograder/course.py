@@ -99,9 +99,10 @@ class Score:
 
 class Course:
     def __init__(self, root: str | Path, sources: Mapping[str, str | Path] | None = None,
-                 log: logging.Logger | None = None):
+                 log: logging.Logger | None = None, overrides: Config | None = None):
         """``sources``: {stem: path of the instructor notebook}, copied into ``root``/source;
-        None opens a course directory that already exists (a clone made by ``autograde_all``)."""
+        None opens a course directory that already exists (a clone made by ``autograde_all``).
+        ``overrides``: nbgrader settings on top of nbgrader_config.py (the batch grader's limits)."""
         from nbgrader.apps import NbGraderAPI  # slow import; only when a course is built
 
         quiet_nbgrader()
@@ -122,6 +123,8 @@ class Course:
                 self.log.addHandler(logging.NullHandler())
         self.log.setLevel(logging.INFO)
         config = load_config()
+        if overrides is not None:
+            config.merge(overrides)
         config.CourseDirectory.root = str(self.root)
         config.CourseDirectory.db_url = f"sqlite:///{self.root / 'gradebook.db'}"
         config.Exchange.root = str(self.root / "exchange")  # never touch /srv/nbgrader/exchange

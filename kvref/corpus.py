@@ -6,7 +6,10 @@ small model. It needs text with two properties:
 * local structure a small model can learn quickly (templated prose about caches and a made-up town),
   so its held-out loss can sit clearly below a byte-unigram baseline;
 * long-range structure that only a full cache can serve: **records** ``key=value.`` written early
-  and **recalled** hundreds of bytes later, e.g. ``XK7=4821.`` ... ``recall XK7=4821.``
+  and **recalled** hundreds of bytes later, e.g. ``ledger: x4821 q0937`` ... ``recall x4821.``
+  (key ``x``, value ``4821``: the value follows the key directly, so "find the earlier ``x`` and
+  copy what came next" answers it, the copying small models learn first ("induction heads").
+  Keys are letters that nothing else in a document uses, so there is exactly one place to look).
 
 Every document is a pure function of ``(seed, index)``, so training and held-out data never need
 to be stored: ``document(seed, i, length)``. Held-out documents use a different seed from training.
@@ -15,32 +18,34 @@ to be stored: ``document(seed, i, length)``. Held-out documents use a different 
 from __future__ import annotations
 
 import random
+import re
 import string
 
 import torch
 
 TRAIN_SEED = 1234
+ECHO_SEED = 1  # phase-1 (echo) training documents
 HELDOUT_SEED = 98765
 
 # -- prose the repo writes itself ------------------------------------------------------------------
 _SUBJECTS = [
-    "the cache", "the model", "a query", "the old key", "each layer", "the decoder", "a value", "the ledger",
-    "the clerk", "the baker", "a red fox", "the river", "my neighbour", "the teacher", "a small robot",
-    "the long prompt", "every head", "the window", "the scheduler", "the town",
+    "the cache", "the model", "a reader", "the old door", "each layer", "the decoder", "a number", "the ledger",
+    "the scribe", "the potter", "a red hen", "the pond", "my neighbour", "the teacher", "a small robot",
+    "the long prompt", "one head", "the window", "the scheduler", "the town",
 ]
 _VERBS = [
-    "keeps", "reads", "writes", "forgets", "remembers", "moves", "counts", "stores", "finds", "copies",
+    "holds", "reads", "writes", "forgets", "remembers", "shifts", "counts", "stores", "finds", "copies",
     "watches", "drops", "follows", "answers", "measures", "sorts", "carries", "opens",
 ]
 _OBJECTS = [
-    "the newest token", "every value", "a list of numbers", "the first word", "old memories", "the bread",
-    "a quiet street", "the last page", "each record", "the morning train", "a blue door", "the whole prompt",
-    "two apples", "the attention scores", "a paper map", "the heavy hitters", "one more byte", "the river bank",
+    "the latest word", "each number", "a list of numbers", "the first word", "old memories", "the bread",
+    "a long road", "the last page", "each record", "the morning train", "a blue door", "the whole prompt",
+    "two apples", "the attention scores", "a paper map", "the strong heads", "one more byte", "the pond edge",
 ]
 _TAILS = [
     "before the night", "with great care", "again and again", "in the cold morning", "without a sound",
-    "for the next step", "when the bell rings", "like a patient friend", "at the end of the day",
-    "one token at a time", "near the old bridge", "so nothing is lost",
+    "for the following step", "when the bell rings", "as a good friend", "at the end of the day",
+    "one byte at a time", "near the old bridge", "so nothing is lost",
 ]
 _CONNECT = ["and then", "but later", "so", "while", "because"]
 
@@ -63,9 +68,12 @@ def prose(rng: random.Random, n_bytes: int) -> str:
 
 
 # -- records: key=value, recalled far later --------------------------------------------------------
-def random_key(rng: random.Random) -> str:
-    """Three bytes: two capitals and a digit, e.g. ``XK7`` (6760 possible keys)."""
-    return rng.choice(string.ascii_uppercase) + rng.choice(string.ascii_uppercase) + rng.choice(string.digits)
+_KEY = "jkqvxz"  # letters neither the prose nor the echoes use, so a key is found only where it was written
+
+
+def random_key(rng: random.Random, taken: str = "") -> str:
+    """One letter of ``jkqvxz`` not in ``taken``, e.g. ``x`` (a document holds at most 6 keys)."""
+    return rng.choice([c for c in _KEY if c not in taken])
 
 
 def random_value(rng: random.Random) -> str:
@@ -73,60 +81,98 @@ def random_value(rng: random.Random) -> str:
     return "".join(rng.choice(string.digits) for _ in range(4))
 
 
-def _records(rng: random.Random, n: int) -> dict[str, str]:
+def _records(rng: random.Random, n: int, taken: str = "") -> dict[str, str]:
+    """``n`` records (at most 6) with distinct keys, none of them in ``taken``."""
     recs: dict[str, str] = {}
     while len(recs) < n:
-        recs[random_key(rng)] = random_value(rng)
+        recs[random_key(rng, taken + "".join(recs))] = random_value(rng)
     return recs
 
 
-_ECHO = string.ascii_lowercase + string.digits
+_ECHO = "".join(c for c in string.ascii_lowercase + string.digits if c not in _KEY)
 
 
 def document(seed: int, index: int, length: int, warmup: bool = False) -> bytes:
     """Training-style document of exactly ``length`` bytes.
 
-    A ledger of records, then prose interleaved with ``recall KEY=VALUE.`` lines that repeat
-    earlier records (near and far), ``echo abc12 abc12.`` repeats, sometimes a new ledger.
-    ``warmup=True``: the mix of the first training phase, heavy on echoes and small ledgers, where
-    copying is easiest to discover (small models learn "find the earlier match, copy what came
-    next" only after a plateau; plentiful easy examples shorten it).
+    A ledger of records, then prose interleaved with ``recall KEYVALUE.`` lines, ``echo abc12 abc12.``
+    repeats and sometimes a new ledger. Each record is recalled at most once, so the only place to
+    find its value is its ledger, near or far back (were a key recalled twice, the second recall
+    could copy the first, and a model would never learn to look further).
+    ``warmup=True``: an echo-only document instead (see ``echo_document``).
     """
-    rng = random.Random(seed * 1_000_003 + index + (7_777_777 if warmup else 0))
-    # Ledgers of every size: with one record, recall is "copy what followed the earlier '='" (plain
-    # induction); more records make the model match the whole key.
-    sizes = [1, 1, 2, 2, 3, 4] if warmup else [1, 2, 3, 4, 5, 6, 8, 10]
-    mix = (0.15, 0.5, 0.9) if warmup else (0.35, 0.75, 0.9)  # cumulative: prose, recall, echo, new ledger
-    recs = _records(rng, rng.choice(sizes))
-    text = "ledger: " + " ".join(f"{k}={v}." for k, v in recs.items()) + "\n"
+    if warmup:
+        return echo_document(seed, index, length)
+    rng = random.Random(seed * 1_000_003 + index)
+    recs = _records(rng, rng.randint(1, 5))
+    pending = list(recs)  # written, not recalled yet
+    text = "ledger: " + " ".join(f"{k}{v}" for k, v in recs.items()) + "\n"
     while len(text) < length:
         r = rng.random()
-        if r < mix[0]:
-            text += prose(rng, rng.randint(20, 100))
-        elif r < mix[1]:
-            k = rng.choice(list(recs))
-            text += f"recall {k}={recs[k]}. "
-        elif r < mix[2]:  # verbatim repetition of random bytes: the plainest copying signal there is
+        if r < 0.25 and pending:
+            k = pending.pop(rng.randrange(len(pending)))
+            text += f"recall {k}{recs[k]}. "
+        elif r < 0.4:  # verbatim repetition of random bytes: the plainest copying signal there is
             s = "".join(rng.choice(_ECHO) for _ in range(rng.randint(5, 20)))
             text += f"echo {s} {s}. "
-        else:
-            new = _records(rng, rng.randint(1, 3))
+        elif r < 0.48 and len(recs) < len(_KEY):  # a new ledger, with keys not used yet in this document
+            new = _records(rng, rng.randint(1, min(3, len(_KEY) - len(recs))), taken="".join(recs))
             recs.update(new)
-            text += "ledger: " + " ".join(f"{k}={v}." for k, v in new.items()) + "\n"
+            pending += list(new)
+            text += "ledger: " + " ".join(f"{k}{v}" for k, v in new.items()) + "\n"
+        else:
+            text += prose(rng, rng.randint(20, 100))
     return text.encode()[:length]
 
 
-def recall_prompt(seed: int, index: int, length: int, n_records: int = 8) -> tuple[bytes, bytes, int]:
+def echo_document(seed: int, index: int, length: int) -> bytes:
+    """``echo s s. echo t t. ...`` with random strings s, t: half the bytes can only be predicted by
+    finding the earlier copy and reading what followed it.
+
+    Small models learn that ("induction heads") only after a long plateau; a first training phase of
+    these cheap short documents gets the model over it before it meets the real corpus.
+    """
+    rng = random.Random(seed * 1_000_003 + index)
+    text = ""
+    while len(text) < length:
+        s = "".join(rng.choice(_ECHO) for _ in range(rng.randint(10, 30)))
+        text += f"echo {s} {s}. "
+    return text.encode()[:length]
+
+
+def dense_recall_document(seed: int, index: int, length: int) -> bytes:
+    """A ledger of 1-6 records, then nothing but recalls of them, each many times: short, dense and
+    repetitive, so copying shows up everywhere (the first training phase, where copying is learnt;
+    looking far back into a ledger is learnt from ``document``)."""
+    rng = random.Random(seed * 1_000_003 + index + 555)
+    recs = _records(rng, rng.randint(1, 6))
+    text = "ledger: " + " ".join(f"{k}{v}" for k, v in recs.items()) + "\n"
+    while len(text) < length:
+        k = rng.choice(list(recs))
+        text += f"recall {k}{recs[k]}. "
+    return text.encode()[:length]
+
+
+def copy_targets(doc: bytes) -> list[int]:
+    """Positions t in an echo document whose next byte t + 1 is a copy (second string, 2nd byte on)."""
+    out, text = [], doc.decode()
+    for m in re.finditer(r"echo (\w+) (\w+)\.", text):
+        if m.group(1) == m.group(2):
+            out += [m.start(2) + j - 1 for j in range(1, len(m.group(2)))]
+    return out
+
+
+def recall_prompt(seed: int, index: int, length: int, n_records: int = 4) -> tuple[bytes, bytes, int]:
     """A held-out retrieval probe of at most ``length`` bytes: (prompt, answer, distance).
 
-    The ledger comes first, then prose only, then ``recall KEY=``: the answer (4 digits) must be
+    The ledger comes first, then prose only, then ``recall KEY``: the answer (4 digits) must be
     copied from the ledger, ``distance`` bytes back (several hundred for length 512).
     """
     rng = random.Random(seed * 7_000_003 + index)
     recs = _records(rng, n_records)
-    head = "ledger: " + " ".join(f"{k}={v}." for k, v in recs.items()) + "\n"
+    head = "ledger: " + " ".join(f"{k}{v}" for k, v in recs.items()) + "\n"
     key = rng.choice(list(recs))
-    query = f"recall {key}="
+    query = f"recall {key}"
     room = length - len(head) - len(query) - 4  # leave room for the 4 answer digits
     body = ""
     while True:  # whole sentences only
@@ -136,7 +182,7 @@ def recall_prompt(seed: int, index: int, length: int, n_records: int = 8) -> tup
         body += nxt
     prompt = (head + body + query).encode()
     answer = recs[key].encode()
-    distance = len(prompt) - (head.index(f"{key}=") + len(key) + 1)
+    distance = len(prompt) - (head.index(key) + len(key))
     return prompt, answer, distance
 
 

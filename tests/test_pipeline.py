@@ -402,7 +402,7 @@ def test_make_grade(graded, tmp_path):
 
     with open(out / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["student", "notebook", "score", "max_score"]
+    assert list(rows[0]) == ["student", "notebook", "score", "max_score", "status", "reason"]
     points = nbs.max_points(nbs.read(SOLUTIONS / f"{stem}.ipynb"))
     got = {(r["student"], r["notebook"]): (float(r["score"]), float(r["max_score"])) for r in rows}
     assert got == {("alice", stem): (points, points), ("bob", stem): (0.0, points)}, proc.stderr[-3000:]

@@ -1,0 +1,166 @@
+"""One grading job: ``python -m autograder.job JOBDIR`` (started by ``batch.run_job``).
+
+JOBDIR/job.json says what to grade; JOBDIR/course is a private nbgrader course directory with
+this one submission and a copy of the gradebook. The kernel starts through
+``autograder.sandbox`` with jupyter_client's ``ipc`` transport (Unix sockets in a short folder
+under /tmp, removed at the end). Writes JOBDIR/result.json (status, score, reason, per-cell
+scores) and JOBDIR/feedback.html (hidden tests taken out).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from traitlets.config import Config
+
+from . import notebooks, sandbox
+from .batch import feedback_html, redact
+from .course import ROOT, Course, kernel_environment
+
+OUTPUT_CAP = 2_000_000  # characters a kernel may print to stdout and to stderr, each
+
+# Runs in the kernel at start-up (IPKernelApp.exec_files), before any student code: a notebook
+# printing without end would otherwise flood the grader with messages.
+STARTUP = f'''
+import sys as _sys
+def _kvref_cap(stream, limit={OUTPUT_CAP}):
+    state = {{"n": 0}}
+    write = stream.write
+    def capped(text):
+        if state["n"] >= limit:
+            return len(text)
+        state["n"] += len(text)
+        if state["n"] >= limit:
+            text = text[:len(text) - (state["n"] - limit)] + "\\n[output beyond {OUTPUT_CAP} characters dropped by the grader]\\n"
+        return write(text)
+    stream.write = capped
+_kvref_cap(_sys.stdout)
+_kvref_cap(_sys.stderr)
+del _kvref_cap, _sys
+'''
+
+
+def lost_points(nb, cells: dict[str, tuple[float, float]], limit: int = 140) -> list[str]:
+    """'grade_id s/m: why' for each graded cell below its maximum."""
+    out = []
+    by_id = notebooks.cells_by_id(nb)
+    for gid, (s, m) in cells.items():
+        if s >= m:
+            continue
+        why = "no output to check"
+        cell = by_id.get(gid)
+        for o in (cell.get("outputs", []) if cell is not None else []):
+            if o.output_type == "error":
+                why = f"{o.ename}: {o.evalue}".strip().rstrip(":")
+                break
+            if o.output_type == "stream" and o.name == "stderr":
+                why = "wrote to stderr: " + o.text.strip().splitlines()[0] if o.text.strip() else "wrote to stderr"
+        else:
+            if cell is not None and notebooks.is_answer(cell):
+                why = "answer not given"
+        why = " ".join(why.split())
+        out.append(f"{gid} {s:g}/{m:g} ({why[:limit]})")
+    return out
+
+
+def other_errors(nb, limit: int = 100) -> list[str]:
+    """Errors in cells that carry no points (the student's own cells): a timeout or a crash there
+    explains the lost points of the tests after it."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        if notebooks.meta(cell).get("grade"):
+            continue
+        for o in cell.get("outputs", []):
+            if o.output_type == "error":
+                name = notebooks.grade_id(cell) or f"cell {i}"
+                out.append(f"{name}: " + " ".join(f"{o.ename}: {o.evalue}".split())[:limit])
+    return out
+
+
+def main(jobdir: Path) -> int:
+    job = json.loads((jobdir / "job.json").read_text())
+    stem, student, settings = job["stem"], job["student"], job["settings"]
+    course_dir = jobdir / "course"
+    # Unix socket paths must be short (108 bytes): under OUT when it is, else under /tmp.
+    short = len(str(jobdir)) + len("/kvk-12345678/run/k-12345") < 100
+    runtime = Path(tempfile.mkdtemp(prefix="kvk-", dir=str(jobdir) if short else "/tmp"))
+    (jobdir / "runtime.txt").write_text(str(runtime))  # removed by the grader if this process is killed
+    try:
+        spec, run = runtime / "spec", runtime / "run"
+        (spec / "kernels" / "python3").mkdir(parents=True)
+        run.mkdir()
+        (spec / "startup.py").write_text(STARTUP)
+        policy = {
+            "isolate": settings["isolate"],
+            "ro": sandbox.readonly_paths(ROOT) + [str(spec)],
+            "rw": [str(run), str(course_dir / "submitted" / student / stem),
+                   str(course_dir / "autograded" / student / stem)],
+            "memory_mb": settings["memory_mb"],
+            "cpu_s": int(settings["notebook_timeout"] * max(1, job["threads"]) + 30),
+            "fsize_mb": 256,
+            "nproc": 4096,
+            "env": {"HOME": "/tmp", "IPYTHONDIR": "/tmp/.ipython", "MPLCONFIGDIR": "/tmp/.mpl", "TMPDIR": "/tmp",
+                    "OMP_NUM_THREADS": str(job["threads"]), "MKL_NUM_THREADS": str(job["threads"])},
+        }
+        (spec / "policy.json").write_text(json.dumps(policy))
+        kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                  f"--IPKernelApp.exec_files={json.dumps([str(spec / 'startup.py')])}"]
+        (spec / "kernels" / "python3" / "kernel.json").write_text(json.dumps({
+            "argv": sandbox.command(spec / "policy.json", kernel), "display_name": "Python 3 (sandboxed)",
+            "language": "python", "metadata": {"debugger": False}}))
+        os.environ["JUPYTER_PATH"] = str(spec)
+        os.environ["JUPYTER_RUNTIME_DIR"] = str(run)
+        os.environ["TMPDIR"] = tempfile.tempdir = str(run)  # jupyter_client puts the connection file (so the sockets) there
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(job["threads"])
+
+        c = Config()
+        c.Execute.timeout = int(settings["cell_timeout"])
+        c.KernelManager.transport = "ipc"
+        c.KernelManager.ip = str(run / "k")  # socket paths run/k-1 ... (one kernel per job)
+        c.Execute.startup_timeout = int(os.environ.get("KVREF_STARTUP_TIMEOUT", 120))
+        c.LimitOutput.max_lines = 2000
+        course = Course(course_dir, overrides=c)
+        result = course.autograde(stem, student)
+        (jobdir / "nbgrader.log").write_text(result.get("log", "") + "\n" + str(result.get("error", "")))
+        scores = course.scores(stem).get(student)
+        graded_path = course.autograded_path(stem, student)
+        if scores is None or not graded_path.is_file():
+            log = result.get("log", "") + str(result.get("error", ""))
+            status = "error"
+            if "CellTimeoutError" in log or "Timeout waiting for execute reply" in log:
+                status, why = "timeout", (f"a cell ran past the {settings['cell_timeout']:g} s limit per cell and "
+                                          f"ignored the interrupt: the notebook was stopped")
+            elif "UnresponsiveKernel" in log or "became unresponsive" in log:
+                why = "the kernel stopped responding (an endless loop that ignores interrupts, or memory)"
+            elif "DeadKernel" in log or "Kernel died" in log or "kernel died" in log.lower():
+                why = "the kernel died while running the notebook (memory limit, or the code ended the process)"
+            else:
+                lines = [l for l in log.splitlines() if l.strip() and "checksum" not in l and "SAWarning" not in l]
+                why = "nbgrader could not grade it: " + " | ".join(lines[-3:])[-300:]
+            out = {"status": status, "score": 0.0, "reason": why}
+        else:
+            cells = {g: (s.score, s.max_score) for g, s in course.cell_scores(stem, student).items()}
+            graded = notebooks.read(graded_path)
+            lost, errors = lost_points(graded, cells), other_errors(graded)
+            reason = "; ".join(([("lost: " + "; ".join(lost))] if lost else [])
+                               + ([("errors in " + "; ".join(errors[:3]))] if errors else []))
+            out = {"status": "ok", "score": scores.score, "max_score": scores.max_score, "reason": reason,
+                   "cells": cells}
+            release = notebooks.read(course.release_path(stem))
+            page = feedback_html(redact(graded, release), cells, f"{stem} — {student}")
+            (jobdir / "feedback.html").write_text(page, encoding="utf-8")
+        (jobdir / "result.json").write_text(json.dumps(out))
+        return 0
+    finally:
+        if not os.environ.get("KVREF_KEEP_WORK"):
+            shutil.rmtree(runtime, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    with kernel_environment():
+        sys.exit(main(Path(sys.argv[1])))

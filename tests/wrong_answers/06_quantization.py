@@ -1,0 +1,36 @@
+"""Realistic wrong answers for solutions/06_quantization.ipynb; each must lose points (see docs/COURSE_PIPELINE.md)."""
+
+# name -> list of (grade_id of an answer cell, exact text in the solution, replacement text)
+WRONG = {
+    # Truncates instead of rounding: errors up to a whole step instead of half of one.
+    "floor_not_round": [
+        ("quantize_int8", "torch.round((xf - zero.float()) / step)", "torch.floor((xf - zero.float()) / step)"),
+    ],
+    # Symmetric scale from max |x| and no zero point: negative numbers are clamped to code 0.
+    "no_zero_point": [
+        ("quantize_int8", "scale = ((hi - lo) / 255).to(x.dtype)",
+         "scale = (xf.abs().amax(dim=dim, keepdim=True) / 255).to(x.dtype)"),
+        ("quantize_int8", "zero = lo.to(x.dtype)", "zero = torch.zeros_like(lo).to(x.dtype)"),
+    ],
+    # 256 levels means 255 steps; dividing the range by 256 puts the maximum out of reach of code 255.
+    "256_steps": [
+        ("quantize_int8", "scale = ((hi - lo) / 255).to(x.dtype)", "scale = ((hi - lo) / 256).to(x.dtype)"),
+    ],
+    # Keys quantized per token, like the values: the outlier channels set every token's step.
+    "keys_per_token": [
+        ("int8_cache", "self.k_blocks[layer].append(quantize_int8(old_k, dim=-2))",
+         "self.k_blocks[layer].append(quantize_int8(old_k, dim=-1))"),
+    ],
+    # No residual window: every complete group is quantized at once, the newest tokens too.
+    "no_residual_window": [
+        ("int8_cache", "while self.k_res[layer].shape[2] - self.residual >= G:", "while self.k_res[layer].shape[2] >= G:"),
+    ],
+    # Counts the codes and the residual but forgets the scales and zero points.
+    "bytes_without_scales": [
+        ("int8_cache", "for block in blocks for t in block]", "for block in blocks for t in block[:1]]"),
+    ],
+    # Counts one byte per element for everything (the residual too, which is fp32/fp16).
+    "bytes_one_per_element": [
+        ("int8_cache", "return sum(t.numel() * t.element_size() for t in stored)", "return sum(t.numel() for t in stored)"),
+    ],
+}
