@@ -46,6 +46,15 @@ def write(nb: NotebookNode, path: str | Path) -> None:
     Path(path).write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
 
 
+def nbgrader_cell(kind: str, gid: str, source: str, points: int = 0) -> NotebookNode:
+    """A code cell with nbgrader metadata: ``kind`` is "setup" (locked), "answer" or "test" (graded)."""
+    m = {"grade": kind == "test", "grade_id": gid, "locked": kind != "answer", "schema_version": 3,
+         "solution": kind == "answer", "task": False}
+    if points:
+        m["points"] = points
+    return nbformat.v4.new_code_cell(source, metadata={"nbgrader": m})
+
+
 def meta(cell: NotebookNode) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {})
 

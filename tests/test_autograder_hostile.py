@@ -25,7 +25,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_markdown_cell, new_notebook
 
 from autograder import notebooks as nbs
 from autograder.batch import Settings, grade_batch, merge, read_csv, shard_of
@@ -40,32 +40,24 @@ SETTINGS = dict(cell_timeout=15, notebook_timeout=50, memory_mb=1536)
 pytestmark = pytest.mark.slow  # one graded class of 20 students: about 1.5 min on 2 cores
 
 
-def _cell(kind: str, gid: str, source: str, points: int = 0):
-    m = {"grade": kind == "test", "grade_id": gid, "locked": kind != "answer", "schema_version": 3,
-         "solution": kind == "answer", "task": False}
-    if points:
-        m["points"] = points
-    return new_code_cell(source, metadata={"nbgrader": m})
-
-
 def fixture_source() -> nbformat.NotebookNode:
     """The tiny assignment: two answers, two tests (one with a hidden test), 3 points."""
     cells = [
         new_markdown_cell("# Hostile-submission fixture"),
-        _cell("setup", "setup", "import kvref\nfrom kvref import grading\nfrom kvref.memory import kv_bytes_per_token"),
-        _cell("answer", "square", "def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION"),
-        _cell("test", "test_square", (
+        nbs.nbgrader_cell("setup", "setup", "import kvref\nfrom kvref import grading\nfrom kvref.memory import kv_bytes_per_token"),
+        nbs.nbgrader_cell("answer", "square", "def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION"),
+        nbs.nbgrader_cell("test", "test_square", (
             "with grading.checked(seconds=10):\n"
             "    assert square(3) == 9\n"
             "    ### BEGIN HIDDEN TESTS\n"
             f"    assert square(-4) == 16, 'negative numbers ({CANARY})'\n"
             "    ### END HIDDEN TESTS"), points=2),
-        _cell("answer", "per_token", (
+        nbs.nbgrader_cell("answer", "per_token", (
             "def per_token(cfg):\n"
             "    ### BEGIN SOLUTION\n"
             "    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2  # K and V, fp16\n"
             "    ### END SOLUTION")),
-        _cell("test", "test_per_token", (
+        nbs.nbgrader_cell("test", "test_per_token", (
             "with grading.checked(seconds=10):\n"
             "    cfg = kvref.ModelConfig(arch='llama', n_layers=2, n_heads=4, n_kv_heads=2, d_model=64,\n"
             "                            vocab_size=256, max_seq_len=32)\n"

@@ -33,7 +33,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from book_build import built_book  # noqa: F401  (the one shared book build)
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_markdown_cell, new_notebook
 
 from autograder import Course, cell_timeout, solution_files
 from autograder import notebooks as nbs
@@ -79,21 +79,13 @@ def student_id(name: str) -> str:
 # -- the self-test assignment -------------------------------------------------------------------
 
 
-def _cell(kind: str, gid: str, source: str, points: int = 0):
-    m = {"grade": kind == "test", "grade_id": gid, "locked": kind != "answer", "schema_version": 3,
-         "solution": kind == "answer", "task": False}
-    if points:
-        m["points"] = points
-    return new_code_cell(source, metadata={"nbgrader": m})
-
-
 def selftest_notebook() -> nbformat.NotebookNode:
     """Checks of kvref.grading inside a real kernel, graded by nbgrader: a noisy cell wrapped in
     grading.checked keeps its points, the same noise outside loses them (nbgrader's stderr rule),
     forbid blocks a name the notebook imported, and a time limit interrupts a loop."""
     cells = [
         new_markdown_cell("# Self-test of kvref.grading under nbgrader"),
-        _cell("setup", "setup", (
+        nbs.nbgrader_cell("setup", "setup", (
             "import logging, os, sys, warnings\n"
             "import torch\n"
             "import kvref\n"
@@ -101,8 +93,8 @@ def selftest_notebook() -> nbformat.NotebookNode:
             "from kvref import generate  # in the notebook's namespace: forbid must block this name too\n"
             "noisy = logging.getLogger('selftest')\n"
             "noisy.addHandler(logging.StreamHandler(sys.stderr))  # holds the kernel's stderr, like transformers'")),
-        _cell("answer", "double", "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"),
-        _cell("test", "test_quiet", (
+        nbs.nbgrader_cell("answer", "double", "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"),
+        nbs.nbgrader_cell("test", "test_quiet", (
             "with grading.checked(seconds=30):\n"
             "    torch.nn.functional.softmax(torch.zeros(2, 3))  # torch UserWarning: implicit dim\n"
             "    torch.ones(3).T  # torch C++ warning (x.T on a 1-D tensor)\n"
@@ -111,10 +103,10 @@ def selftest_notebook() -> nbformat.NotebookNode:
             "    os.write(2, b'a C-level write to file descriptor 2\\n')\n"
             "    noisy.warning('a log record')\n"
             "    assert double(2) == 4"), points=1),
-        _cell("test", "test_loud", (
+        nbs.nbgrader_cell("test", "test_loud", (
             "warnings.warn('this warning reaches stderr: nbgrader scores the cell 0')\n"
             "assert double(2) == 4"), points=1),
-        _cell("test", "test_forbid", (
+        nbs.nbgrader_cell("test", "test_forbid", (
             "with grading.checked(seconds=30):\n"
             "    cfg = kvref.ModelConfig(arch='gpt2', n_layers=1, n_heads=2, d_model=32, vocab_size=256, max_seq_len=32)\n"
             "    model = kvref.Transformer(cfg).eval()\n"
@@ -129,7 +121,7 @@ def selftest_notebook() -> nbformat.NotebookNode:
             "            blocked = str(e)\n"
             "    assert 'your code called kvref.generate' in blocked, blocked\n"
             "    assert tuple(student().tokens.shape) == (1, 5)  # restored afterwards"), points=1),
-        _cell("test", "test_time_limit", (
+        nbs.nbgrader_cell("test", "test_time_limit", (
             "def spin():\n"
             "    while True:\n"
             "        pass\n"
