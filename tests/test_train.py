@@ -35,9 +35,9 @@ def test_tiny_model_beats_unigram_and_matches_its_record():
     torch.set_num_threads(2)
     model = tiny_model()
     stats = json.loads(CKPT.with_suffix(".json").read_text())["stats"]
-    loss = heldout_loss(model, n_docs=8)
-    # 8 documents instead of the 64 behind the recorded number: allow 0.1 nats of sampling noise.
-    assert abs(loss - stats["heldout_loss"]) < 0.1
+    loss = heldout_loss(model, n_docs=64)  # the same 64 documents as the recorded number
+    # Same documents, same weights: only float rounding (threads, summation order) may differ.
+    assert abs(loss - stats["heldout_loss"]) < 1e-3
     assert loss < 0.5 * corpus.unigram_nll(n_docs=64)  # clearly below the byte-unigram baseline
     exact, digit = recall_accuracy(model, n=20)
     # The recorded accuracies are over 100 probes; 20 probes can sit ~0.25 away from them by chance.
