@@ -11,7 +11,7 @@ early queries see tokens an evicting cache has not dropped yet).
 * Perplexity: held-out 512-byte documents (prose, ledgers of records like ``x4821`` = key ``x``,
   value ``4821``, recalls, echoes); max logit error is against the fp32 full cache run the same way.
 * Bytes: ``cache.nbytes`` per sequence once the 511 input tokens are in (fp32 full cache = 100 %).
-* Recall: held-out probes ``ledger: <8 records> <prose> recall KEY``, where the 4-digit answer sits
+* Recall: held-out probes ``ledger: <4 records> <prose> recall KEY``, where the 4-digit answer sits
   several hundred bytes back (range printed); exact match of the 4 greedy digits.
 
 Budgets of the bounded caches are 10 / 25 / 50 % of 512 tokens: a window of W, sinks 4 + W - 4,
