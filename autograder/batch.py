@@ -230,8 +230,7 @@ def preflight(path: Path, release: nbformat.NotebookNode,
     kernel = nb.metadata.get("kernelspec", {}).get("name")
     if kernel != "python3":
         notes.append(f"kernel {kernel!r} replaced by python3")
-    nb.metadata["kernelspec"] = dict(release.metadata.get("kernelspec", {"name": "python3", "display_name": "Python 3",
-                                                                           "language": "python"}))
+    nb.metadata["kernelspec"] = dict(release.metadata.get("kernelspec", notebooks.KERNELSPEC))
     # Duplicate grade ids: nbgrader grades the last copy; the others run as ordinary cells.
     positions: dict[str, list[int]] = {}
     for i, cell in enumerate(nb.cells):

@@ -46,6 +46,14 @@ def write(nb: NotebookNode, path: str | Path) -> None:
     Path(path).write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
 
 
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}  # the course's only kernel
+
+
+def course_notebook(cells: list[NotebookNode]) -> NotebookNode:
+    """A notebook of ``cells`` for the course's Python 3 kernel."""
+    return nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": dict(KERNELSPEC)})
+
+
 def nbgrader_cell(kind: str, gid: str, source: str, points: int = 0) -> NotebookNode:
     """A code cell with nbgrader metadata: ``kind`` is "setup" (locked), "answer" or "test" (graded)."""
     m = {"grade": kind == "test", "grade_id": gid, "locked": kind != "answer", "schema_version": 3,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_markdown_cell, new_notebook
+from nbformat.v4 import new_markdown_cell
 
 from autograder import notebooks as nbs
 from autograder.batch import Settings, grade_batch, merge, read_csv, shard_of
@@ -65,8 +65,7 @@ def fixture_source() -> nbformat.NotebookNode:
             "        got = per_token(cfg)\n"
             "    assert got == kv_bytes_per_token(cfg), got"), points=1),
     ]
-    return new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                              "language": "python"}})
+    return nbs.course_notebook(cells)
 
 
 def with_answer(nb, gid: str, code: str):

@@ -33,7 +33,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from book_build import built_book  # noqa: F401  (the one shared book build)
-from nbformat.v4 import new_markdown_cell, new_notebook
+from nbformat.v4 import new_markdown_cell
 
 from autograder import Course, cell_timeout, solution_files
 from autograder import notebooks as nbs
@@ -133,8 +133,7 @@ def selftest_notebook() -> nbformat.NotebookNode:
             "    interrupted = True\n"
             "assert interrupted"), points=1),
     ]
-    return new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                              "language": "python"}})
+    return nbs.course_notebook(cells)
 
 
 # -- the one autograding run --------------------------------------------------------------------
