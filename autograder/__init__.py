@@ -8,14 +8,16 @@
 
 ``make release`` and ``make grade SUBMISSIONS=... OUT=...`` call these. Each chapter is its own
 nbgrader assignment in a course directory built in a temp dir (see ``course.py``); the settings
-are in ``nbgrader_config.py``. Batch grading of untrusted submissions: ``batch.py`` (preflight,
-cache, shards, CSV), ``job.py`` (one notebook in a child process), ``sandbox.py`` (the kernel
-launcher: namespaces and resource limits).
+are in ``nbgrader_config.py``. Batch grading of untrusted submissions: ``batch.py`` (workers,
+cache, shards), ``intake.py`` (submissions and preflight repairs), ``job.py`` (one notebook in a
+child process), ``sandbox.py`` (the kernel launcher: namespaces and resource limits),
+``feedback.py`` (the student's page), ``results.py`` (grades.csv, summary, merge).
 """
 
-from .batch import Settings, grade_batch, merge
+from .batch import Settings, grade_batch
 from .commands import grade, release, solution_files
 from .course import Course, Score, cell_timeout, load_config
+from .results import merge
 
 __all__ = ["Course", "Score", "Settings", "cell_timeout", "grade", "grade_batch", "load_config", "merge", "release",
            "solution_files"]

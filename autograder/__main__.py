@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .batch import STATUSES, Settings, merge
+from .batch import Settings
+from .results import STATUSES, merge
 from .commands import NOTEBOOKS, SOLUTIONS, grade, release
 
 

@@ -6,7 +6,7 @@
 SUBMISSIONS is a folder (or a .zip in the same shape) of ``<student>/<NN_topic>.ipynb``. Every
 submission goes through these steps, each in its own process, N at a time:
 
-1. ``preflight`` (here, no student code runs): read the file, refuse what is not a notebook,
+1. ``intake.preflight`` (here, no student code runs): read the file, refuse what is not a notebook,
    clear stored outputs, reset the kernel, put back deleted graded cells, note edited test
    cells and duplicate grade ids. What was repaired goes into the ``reason`` column.
 2. ``python -m autograder.job`` (a child process with a wall-clock limit): a private nbgrader
@@ -14,7 +14,8 @@ submission goes through these steps, each in its own process, N at a time:
    autograde with the kernel started through ``autograder.sandbox`` (no network, no view of the
    instructor's files, memory/CPU/file-size limits), then a feedback page made from the graded
    notebook with the hidden tests taken out again.
-3. The row: ``student, notebook, score, max_score, status, reason`` (see ``STATUSES``).
+3. The row: ``student, notebook, score, max_score, status, reason`` (see ``results.STATUSES``);
+   the feedback page is made by ``feedback.py``, the sheet and shard merging live in ``results.py``.
 
 Results are cached in OUT/.cache by the hash of the submission, the instructor source and the
 grading settings: a re-run only grades what changed (``--force`` grades everything again).
@@ -23,7 +24,6 @@ grading settings: a re-run only grades what changed (``--force`` grades everythi
 from __future__ import annotations
 
 import concurrent.futures
-import csv
 import dataclasses
 import hashlib
 import json
@@ -38,45 +38,15 @@ import threading
 import time
 import zipfile
 from pathlib import Path
-from typing import Callable, Iterable
 
 import nbformat
 
 from . import notebooks
 from .course import Course, cell_timeout, kernel_environment
+from .intake import Invalid, match_files, preflight, student_folders, unzip
+from .results import Row, Say, _stderr, summary, write_csv
 
 VERSION = "2"  # part of the cache key: bump when grading changes meaning
-STEM_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
-STUDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
-MAX_NOTEBOOK_MB = 20  # a bigger file is not a hand-written notebook (stored outputs are cleared anyway)
-MAX_ZIP_MB = 2000  # uncompressed, all members together
-
-STATUSES = {
-    "ok": "graded; the score is what the tests gave (the reason lists lost points and repairs)",
-    "missing": "the student handed in no notebook of this name",
-    "invalid": "the file is not a notebook nbgrader can read (not JSON, not nbformat, too large)",
-    "timeout": "stopped: a cell ignored the interrupt after the per-cell limit, or the notebook ran past the "
-               "per-notebook wall-clock limit",
-    "error": "nbgrader could not grade it (for example the kernel died); see the reason",
-}
-CSV_FIELDS = ["student", "notebook", "score", "max_score", "status", "reason"]
-
-Say = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass
-class Row:
-    student: str
-    notebook: str
-    score: float
-    max_score: float
-    status: str = "ok"
-    reason: str = ""
-    seconds: float = 0.0  # not in the CSV
 
 
 @dataclasses.dataclass
@@ -88,91 +58,6 @@ class Settings:
 
     def key(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-
-# -- submissions -----------------------------------------------------------------------------------
-
-
-def _canon(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-
-
-def unzip(archive: Path, dest: Path, say: Say = _stderr) -> Path:
-    """Extract a platform export safely (no absolute paths, no ``..``, no links, bounded size) and
-    return the folder that holds the student folders (a single wrapping folder is skipped)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    total = 0
-    with zipfile.ZipFile(archive) as z:
-        for info in z.infolist():
-            name = info.filename.replace("\\", "/")
-            parts = [p for p in name.split("/") if p not in ("", ".")]
-            if not parts or info.is_dir() or name.startswith("/") or ".." in parts or parts[0] == "__MACOSX":
-                continue
-            if (info.external_attr >> 16) & 0o170000 == 0o120000:  # a symlink
-                say(f"skipped {name} in {archive.name}: a link")
-                continue
-            total += info.file_size
-            if total > MAX_ZIP_MB * 2 ** 20:
-                raise ValueError(f"{archive} unpacks to more than {MAX_ZIP_MB} MB")
-            target = dest.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with z.open(info) as src, open(target, "wb") as out:
-                shutil.copyfileobj(src, out, 2 ** 20)
-    entries = [p for p in dest.iterdir() if not p.name.startswith(".")]
-    if len(entries) == 1 and entries[0].is_dir() and not any(entries[0].glob("*.ipynb")):
-        inner = [p for p in entries[0].iterdir() if p.is_dir()]
-        if inner and all(not any(p.glob("*/*.ipynb")) for p in inner):
-            return entries[0]
-    return dest
-
-
-def student_folders(submissions: Path, say: Say = _stderr) -> dict[str, Path]:
-    out = {}
-    for folder in sorted(submissions.iterdir()):
-        if folder.name.startswith(".") or folder.name == "__MACOSX":
-            continue
-        if not folder.is_dir():
-            say(f"skipped {folder}: expected one folder per student")
-        elif not STUDENT_RE.match(folder.name):
-            say(f"skipped {folder}: a student id is letters, digits and _ . @ - (starting with a letter or digit)")
-        else:
-            out[folder.name] = folder
-    return out
-
-
-def match_files(folder: Path, stems: Iterable[str], grade_ids: dict[str, set[str]]) -> tuple[dict[str, tuple[Path, str]], list[str]]:
-    """{stem: (path, note)} for one student's folder, and notes on files that were ignored.
-
-    Exact names first; then a renamed file is matched by name (``03_memory (1).ipynb``,
-    ``03-Memory.ipynb``, ``alice_03_memory.ipynb``) or, failing that, by its content (the grade
-    ids of its cells)."""
-    stems = sorted(stems)
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.relative_to(folder).parts))
-    found: dict[str, tuple[Path, str]] = {}
-    for p in files:
-        if p.parent == folder and p.suffix == ".ipynb" and p.stem in stems:
-            found[p.stem] = (p, "")
-    ignored = []
-    for p in files:
-        if any(p == f for f, _ in found.values()):
-            continue
-        if p.suffix.lower() != ".ipynb":
-            ignored.append(f"ignored {p.relative_to(folder)}")
-            continue
-        by_name = [s for s in stems if s not in found and _canon(s) in _canon(p.stem)]
-        stem = by_name[0] if len(by_name) == 1 else None
-        if stem is None:
-            try:
-                ids = {notebooks.grade_id(c) for c in json.loads(p.read_text(encoding="utf-8")).get("cells", [])}
-                best = max((len(ids & grade_ids[s]), s) for s in stems if s not in found) if len(found) < len(stems) else (0, None)
-                stem = best[1] if best[0] >= 2 else None
-            except Exception:
-                stem = None
-        if stem is None:
-            ignored.append(f"ignored {p.relative_to(folder)} (not one of the course notebooks)")
-        else:
-            found[stem] = (p, f"renamed: graded {p.relative_to(folder)} as {stem}.ipynb")
-    return found, ignored
 
 
 def shard_of(student: str, n: int) -> int:
@@ -187,147 +72,6 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     if not m or not 1 <= int(m[1]) <= int(m[2]):
         raise ValueError(f"--shard takes K/N with 1 <= K <= N, got {text!r}")
     return int(m[1]), int(m[2])
-
-
-# -- preflight -------------------------------------------------------------------------------------
-
-
-class Invalid(ValueError):
-    pass
-
-
-def preflight(path: Path, release: nbformat.NotebookNode,
-              source: nbformat.NotebookNode | None = None) -> tuple[nbformat.NotebookNode, list[str]]:
-    """The submission as nbgrader should see it, and what was repaired (sentences). Raises
-    ``Invalid`` for a file that is not a notebook."""
-    size = path.stat().st_size
-    if size > MAX_NOTEBOOK_MB * 2 ** 20:
-        raise Invalid(f"file of {size / 2 ** 20:.0f} MB, more than the {MAX_NOTEBOOK_MB} MB a notebook may have")
-    raw = path.read_bytes()
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise Invalid(f"not a notebook: the file is not JSON ({type(e).__name__}: {str(e)[:80]})")
-    if not isinstance(data, dict) or "cells" not in data or "nbformat" not in data:
-        raise Invalid("not a notebook: JSON without cells/nbformat")
-    try:
-        nb = nbformat.reads(json.dumps(data), as_version=4)
-        for cell in nb.cells:
-            cell.setdefault("metadata", {})
-            if cell.cell_type not in ("code", "markdown", "raw"):
-                raise ValueError(f"unknown cell type {cell.cell_type!r}")
-    except Exception as e:
-        raise Invalid(f"not a readable notebook ({type(e).__name__}: {str(e)[:80]})")
-    notes = []
-    outputs = 0
-    for cell in nb.cells:
-        cell.pop("id", None) if (nb.nbformat, nb.nbformat_minor) < (4, 5) else None
-        if cell.cell_type == "code":
-            outputs += len(json.dumps(cell.get("outputs", [])))
-            cell.outputs, cell.execution_count = [], None
-    if outputs > 2 ** 20:
-        notes.append(f"{outputs / 2 ** 20:.0f} MB of stored outputs cleared")
-    kernel = nb.metadata.get("kernelspec", {}).get("name")
-    if kernel != "python3":
-        notes.append(f"kernel {kernel!r} replaced by python3")
-    nb.metadata["kernelspec"] = dict(release.metadata.get("kernelspec", notebooks.KERNELSPEC))
-    # Duplicate grade ids: nbgrader grades the last copy; the others run as ordinary cells.
-    positions: dict[str, list[int]] = {}
-    for i, cell in enumerate(nb.cells):
-        gid = notebooks.grade_id(cell)
-        if gid:
-            positions.setdefault(gid, []).append(i)
-    for gid, where in positions.items():
-        if len(where) > 1:
-            notes.append(f"grade id {gid!r} on {len(where)} cells (copied cell): graded the last one")
-            for i in where[:-1]:
-                nb.cells[i].metadata.pop("nbgrader", None)
-    # Deleted graded or locked cells come back from the release, at their place.
-    present = {notebooks.grade_id(c) for c in nb.cells}
-    index_of = {notebooks.grade_id(c): i for i, c in enumerate(nb.cells) if notebooks.grade_id(c)}
-    restored = []
-    for k, cell in enumerate(release.cells):
-        gid = notebooks.grade_id(cell)
-        if not gid or gid in present:
-            continue
-        before = [notebooks.grade_id(c) for c in release.cells[:k] if notebooks.grade_id(c) in index_of]
-        at = index_of[before[-1]] + 1 if before else 0
-        new = nbformat.from_dict(json.loads(json.dumps(cell)))
-        new.pop("id", None)
-        nb.cells.insert(at, new)
-        index_of = {notebooks.grade_id(c): i for i, c in enumerate(nb.cells) if notebooks.grade_id(c)}
-        present.add(gid)
-        restored.append(gid)
-    if restored:
-        notes.append("deleted cell(s) " + ", ".join(repr(g) for g in restored) + " restored from the release")
-    released = notebooks.cells_by_id(release)
-    original = notebooks.cells_by_id(source) if source is not None else {}
-    edited = [notebooks.grade_id(c) for c in nb.cells if notebooks.grade_id(c) in released
-              and notebooks.meta(released[notebooks.grade_id(c)]).get("locked")
-              and c.source != released[notebooks.grade_id(c)].source
-              and c.source != getattr(original.get(notebooks.grade_id(c)), "source", None)]
-    if edited:
-        notes.append("edited locked cell(s) " + ", ".join(repr(g) for g in edited) + " restored from the source")
-    if (nb.nbformat, nb.nbformat_minor) >= (4, 5):
-        for i, cell in enumerate(nb.cells):
-            cell.id = f"c{i:04d}"  # valid and unique whatever the student's ids were
-    return nb, notes
-
-
-# -- feedback --------------------------------------------------------------------------------------
-
-
-MAX_FEEDBACK_OUTPUT = 20_000  # characters of one output shown in a feedback page
-
-
-def redact(graded: nbformat.NotebookNode, release: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The graded notebook as the student may see it: every locked cell shows the release's text
-    (hidden tests and mark schemes gone), the traceback of a cell that holds hidden tests is
-    reduced to its last line, long outputs are cut."""
-    released = notebooks.cells_by_id(release)
-    for cell in graded.cells:
-        gid = notebooks.grade_id(cell)
-        hidden = False
-        if gid in released and (notebooks.meta(released[gid]).get("locked") or notebooks.is_test(released[gid])):
-            hidden = cell.source != released[gid].source
-            cell.source = released[gid].source
-        elif not gid:
-            for markers in (notebooks.HIDDEN, notebooks.MARK_SCHEME):
-                inside, outside, found = notebooks.split_regions(cell.source, markers)
-                if found:
-                    hidden, cell.source = True, "\n".join(outside)
-        for out in cell.get("outputs", []):
-            if out.output_type == "error" and hidden:
-                out.traceback = [f"{out.ename}: {out.evalue}  (a hidden test failed; its code is not shown)"]
-            elif out.output_type == "error" and len(out.traceback) > 60:
-                out.traceback = out.traceback[:10] + ["..."] + out.traceback[-20:]
-            elif out.output_type == "stream" and len(out.text) > MAX_FEEDBACK_OUTPUT:
-                out.text = out.text[:MAX_FEEDBACK_OUTPUT] + f"\n... [{len(out.text) - MAX_FEEDBACK_OUTPUT} more characters cut]"
-            elif out.output_type in ("display_data", "execute_result"):
-                for mime, value in list(out.get("data", {}).items()):
-                    if isinstance(value, str) and len(value) > MAX_FEEDBACK_OUTPUT * 20:
-                        out.data[mime] = "[output too large for the feedback page]" if mime.startswith("text") else ""
-                        if not mime.startswith("text"):
-                            del out.data[mime]
-    return graded
-
-
-def feedback_html(nb: nbformat.NotebookNode, cells: dict[str, tuple[float, float]], title: str) -> str:
-    """A self-contained HTML page (no CDN): the notebook with each graded cell's score."""
-    from nbconvert import HTMLExporter
-
-    for cell in nb.cells:
-        gid = notebooks.grade_id(cell)
-        if gid in cells:
-            s, m = cells[gid]
-            cell.source = f"# [{gid}] score: {s:g} / {m:g}\n" + cell.source if cell.cell_type == "code" else \
-                f"**[{gid}] score: {s:g} / {m:g}**\n\n" + cell.source
-    exporter = HTMLExporter(template_name="classic")
-    exporter.exclude_input_prompt = exporter.exclude_output_prompt = True
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
-    body = re.sub(r'<script[^>]*src="https?://[^"]*"[^>]*>\s*</script>', "", body)  # nothing from the network
-    total = sum(s for s, _ in cells.values()), sum(m for _, m in cells.values())
-    return body.replace("<body>", f"<body><h1>{title}: {total[0]:g} / {total[1]:g}</h1>", 1)
 
 
 # -- one job ---------------------------------------------------------------------------------------
@@ -400,35 +144,6 @@ class Progress:
                 sys.stderr.flush()
             else:
                 self.say(msg)
-
-
-def write_csv(rows: list[Row], path: Path) -> None:
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_FIELDS)
-        for r in sorted(rows, key=lambda r: (r.student, r.notebook)):
-            w.writerow([r.student, r.notebook, f"{r.score:g}", f"{r.max_score:g}", r.status,
-                        " ".join(r.reason.split())])
-    os.replace(tmp, path)
-
-
-def read_csv(path: Path) -> list[Row]:
-    with open(path, newline="", encoding="utf-8") as f:
-        return [Row(r["student"], r["notebook"], float(r["score"]), float(r["max_score"]), r.get("status") or "ok",
-                    r.get("reason") or "") for r in csv.DictReader(f)]
-
-
-def summary(rows: list[Row]) -> str:
-    """The terminal table: per notebook, how many, mean score, and the count of each status."""
-    lines = [f"{'notebook':<22} {'graded':>6} {'mean':>7} {'max':>5}  statuses"]
-    for stem in sorted({r.notebook for r in rows}):
-        rs = [r for r in rows if r.notebook == stem]
-        counts = {s: sum(r.status == s for r in rs) for s in STATUSES}
-        mean = sum(r.score for r in rs) / len(rs)
-        lines.append(f"{stem:<22} {len(rs):>6} {mean:>7.2f} {rs[0].max_score:>5g}  "
-                     + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
-    return "\n".join(lines)
 
 
 def isolation_status(settings: Settings, hidden: list[str]) -> tuple[bool, str]:
@@ -573,25 +288,3 @@ def _grade_one(student, stem, path, note, release, source, base, work, fb_dir, s
     finally:
         if not os.environ.get("KVREF_KEEP_WORK"):
             shutil.rmtree(jobdir, ignore_errors=True)
-
-
-# -- merge -----------------------------------------------------------------------------------------
-
-
-def merge(inputs: list[Path], output: Path, say: Say = _stderr) -> int:
-    """Join the grades.csv of several shards (files or OUT folders) into one."""
-    rows: dict[tuple[str, str], Row] = {}
-    for p in inputs:
-        p = Path(p)
-        p = p / "grades.csv" if p.is_dir() else p
-        for r in read_csv(p):
-            key = (r.student, r.notebook)
-            if key in rows:
-                say(f"error: {r.student}/{r.notebook} is in two inputs (the shards overlap); the second is {p}")
-                return 1
-            rows[key] = r
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(list(rows.values()), output)
-    say(summary(list(rows.values())) if rows else "no rows")
-    say(f"merged {len(rows)} row(s) from {len(inputs)} file(s) into {output}")
-    return 0

@@ -21,7 +21,8 @@ from pathlib import Path
 import nbformat
 
 from . import notebooks
-from .batch import Settings, grade_batch, read_csv
+from .batch import Settings, grade_batch
+from .results import read_csv
 from .commands import SOLUTIONS, solution_files
 from .course import ROOT
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvbench-") as tmp:
         subs = Path(tmp) / "submissions"
-        kinds = make_submissions(subs, args.n)
+        make_submissions(subs, args.n)
         out = args.out or Path(tmp) / "out"
         t0 = time.perf_counter()
         status = grade_batch(subs, out, SOLUTIONS, workers=args.workers, settings=Settings(), force=True,

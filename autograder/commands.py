@@ -99,10 +99,10 @@ def release(solutions: Path = SOLUTIONS, dest: Path = NOTEBOOKS, check: bool = F
 
 
 # -- grading ------------------------------------------------------------------------------------
-# The batch grader lives in batch.py (preflight, sandboxed jobs, cache, shards); these names stay
-# importable from here.
+# The batch grader lives in batch.py (sandboxed jobs, cache, shards), with intake.py (submissions,
+# preflight), feedback.py (the student's page) and results.py (grades.csv, merge).
 
-from .batch import CSV_FIELDS, STATUSES, Row, Settings, grade_batch, merge, read_csv, write_csv  # noqa: E402
+from .batch import grade_batch  # noqa: E402
 
 
 def default_workers() -> int:

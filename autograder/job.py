@@ -19,7 +19,7 @@ from pathlib import Path
 from traitlets.config import Config
 
 from . import notebooks, sandbox
-from .batch import feedback_html, redact
+from .feedback import feedback_html, redact
 from .course import ROOT, Course, kernel_environment
 
 OUTPUT_CAP = 2_000_000  # characters a kernel may print to stdout and to stderr, each

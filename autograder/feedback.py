@@ -1,0 +1,66 @@
+"""The feedback page a student gets back: the graded notebook without the hidden tests.
+
+``redact`` puts the release's text back into every locked cell (so neither hidden tests nor mark
+schemes leak) and trims huge outputs; ``feedback_html`` renders it with each graded cell's score,
+self-contained (nothing loaded from the network).
+"""
+
+from __future__ import annotations
+
+import re
+
+import nbformat
+
+from . import notebooks
+
+MAX_FEEDBACK_OUTPUT = 20_000  # characters of one output shown in a feedback page
+
+
+def redact(graded: nbformat.NotebookNode, release: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The graded notebook as the student may see it: every locked cell shows the release's text
+    (hidden tests and mark schemes gone), the traceback of a cell that holds hidden tests is
+    reduced to its last line, long outputs are cut."""
+    released = notebooks.cells_by_id(release)
+    for cell in graded.cells:
+        gid = notebooks.grade_id(cell)
+        hidden = False
+        if gid in released and (notebooks.meta(released[gid]).get("locked") or notebooks.is_test(released[gid])):
+            hidden = cell.source != released[gid].source
+            cell.source = released[gid].source
+        elif not gid:
+            for markers in (notebooks.HIDDEN, notebooks.MARK_SCHEME):
+                inside, outside, found = notebooks.split_regions(cell.source, markers)
+                if found:
+                    hidden, cell.source = True, "\n".join(outside)
+        for out in cell.get("outputs", []):
+            if out.output_type == "error" and hidden:
+                out.traceback = [f"{out.ename}: {out.evalue}  (a hidden test failed; its code is not shown)"]
+            elif out.output_type == "error" and len(out.traceback) > 60:
+                out.traceback = out.traceback[:10] + ["..."] + out.traceback[-20:]
+            elif out.output_type == "stream" and len(out.text) > MAX_FEEDBACK_OUTPUT:
+                out.text = out.text[:MAX_FEEDBACK_OUTPUT] + f"\n... [{len(out.text) - MAX_FEEDBACK_OUTPUT} more characters cut]"
+            elif out.output_type in ("display_data", "execute_result"):
+                for mime, value in list(out.get("data", {}).items()):
+                    if isinstance(value, str) and len(value) > MAX_FEEDBACK_OUTPUT * 20:
+                        out.data[mime] = "[output too large for the feedback page]" if mime.startswith("text") else ""
+                        if not mime.startswith("text"):
+                            del out.data[mime]
+    return graded
+
+
+def feedback_html(nb: nbformat.NotebookNode, cells: dict[str, tuple[float, float]], title: str) -> str:
+    """A self-contained HTML page (no CDN): the notebook with each graded cell's score."""
+    from nbconvert import HTMLExporter
+
+    for cell in nb.cells:
+        gid = notebooks.grade_id(cell)
+        if gid in cells:
+            s, m = cells[gid]
+            cell.source = f"# [{gid}] score: {s:g} / {m:g}\n" + cell.source if cell.cell_type == "code" else \
+                f"**[{gid}] score: {s:g} / {m:g}**\n\n" + cell.source
+    exporter = HTMLExporter(template_name="classic")
+    exporter.exclude_input_prompt = exporter.exclude_output_prompt = True
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    body = re.sub(r'<script[^>]*src="https?://[^"]*"[^>]*>\s*</script>', "", body)  # nothing from the network
+    total = sum(s for s, _ in cells.values()), sum(m for _, m in cells.values())
+    return body.replace("<body>", f"<body><h1>{title}: {total[0]:g} / {total[1]:g}</h1>", 1)
