@@ -22,7 +22,6 @@ from .prefix import PrefixCachingPool
 from .quant import QuantizationError, QuantizedCache
 from .serve import Engine, Request
 from .tokenizer import ByteTokenizer
-from .train import tiny_model
 
 __all__ = [
     "BlockPool", "BudgetError", "ByteTokenizer", "CacheFull", "DynamicCache", "Engine", "Generation",
@@ -32,3 +31,13 @@ __all__ = [
     "kv_cache_bytes", "load_hf", "param_count", "plan_memory", "prefill", "sample", "tiny_model", "weight_bytes",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # tiny_model lives in kvref.train, imported on first use: importing it here would make
+    # `python -m kvref.train` find the module already loaded (runpy warns about that).
+    if name == "tiny_model":
+        from .train import tiny_model
+
+        return tiny_model
+    raise AttributeError(f"module 'kvref' has no attribute {name!r}")

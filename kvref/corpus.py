@@ -5,11 +5,16 @@ small model. It needs text with two properties:
 
 * local structure a small model can learn quickly (templated prose about caches and a made-up town),
   so its held-out loss can sit clearly below a byte-unigram baseline;
-* long-range structure that only a full cache can serve: **records** ``key=value.`` written early
-  and **recalled** hundreds of bytes later, e.g. ``ledger: x4821 q0937`` ... ``recall x4821.``
-  (key ``x``, value ``4821``: the value follows the key directly, so "find the earlier ``x`` and
-  copy what came next" answers it, the copying small models learn first ("induction heads").
-  Keys are letters that nothing else in a document uses, so there is exactly one place to look).
+* long-range structure that only a full cache can serve: **records** written early in a
+  ``ledger:`` line and **recalled** anywhere up to 500 bytes later, e.g. ``ledger: x4821 q0937``
+  ... ``recall x4821.`` (key ``x``, value ``4821``: the value follows the key directly, so "find
+  the earlier ``x`` and copy what came next" answers it, the copying small models learn first,
+  "induction heads"). Keys are letters that nothing else in a document uses, so there is exactly
+  one place to look.
+
+Three kinds of document: ``document`` (the corpus proper: ledger, prose, recalls, echoes),
+``repeat_document`` (a random string repeated: copying, densely) and ``lookup_document`` (a short
+ledger drill); training starts on the last two (see ``kvref.train``).
 
 Every document is a pure function of ``(seed, index)``, so training and held-out data never need
 to be stored: ``document(seed, i, length)``. Held-out documents use a different seed from training.
@@ -24,7 +29,7 @@ import string
 import torch
 
 TRAIN_SEED = 1234
-ECHO_SEED = 1  # phase-1 (echo) training documents
+PHASE1_SEED = 1  # the first training phase's documents
 HELDOUT_SEED = 98765
 
 # -- prose the repo writes itself ------------------------------------------------------------------
@@ -90,75 +95,78 @@ def _records(rng: random.Random, n: int, taken: str = "") -> dict[str, str]:
 
 
 _ECHO = "".join(c for c in string.ascii_lowercase + string.digits if c not in _KEY)
+_REPEAT = string.ascii_lowercase + string.digits  # repeat documents hold no records, so every letter may occur
 
 
-def document(seed: int, index: int, length: int, warmup: bool = False) -> bytes:
+def _ledger(recs: dict[str, str]) -> str:
+    return "ledger: " + " ".join(f"{k}{v}" for k, v in recs.items()) + "\n"
+
+
+def document(seed: int, index: int, length: int) -> bytes:
     """Training-style document of exactly ``length`` bytes.
 
-    A ledger of records, then prose interleaved with ``recall KEYVALUE.`` lines, ``echo abc12 abc12.``
-    repeats and sometimes a new ledger. Each record is recalled at most once, so the only place to
-    find its value is its ledger, near or far back (were a key recalled twice, the second recall
-    could copy the first, and a model would never learn to look further).
-    ``warmup=True``: an echo-only document instead (see ``echo_document``).
+    A ledger of 1-6 records, then prose with ``recall KEYVALUE.`` lines and some ``echo abc12 abc12.``
+    repeats. Each record is recalled exactly once, at a random point of the document, so the distance
+    from a record to its recall runs from a few bytes to the whole document, and the only place to
+    find the value is the ledger (were a key recalled twice, the second recall could copy the first,
+    and a model would never learn to look further).
     """
-    if warmup:
-        return echo_document(seed, index, length)
     rng = random.Random(seed * 1_000_003 + index)
-    recs = _records(rng, rng.randint(1, 5))
-    pending = list(recs)  # written, not recalled yet
-    text = "ledger: " + " ".join(f"{k}{v}" for k, v in recs.items()) + "\n"
+    recs = _records(rng, rng.randint(1, 6))
+    text = _ledger(recs)
+    due = sorted((rng.randint(len(text), length - 12), k) for k in recs)  # (byte offset, key): when to recall
     while len(text) < length:
-        r = rng.random()
-        if r < 0.25 and pending:
-            k = pending.pop(rng.randrange(len(pending)))
+        if due and len(text) >= due[0][0]:
+            k = due.pop(0)[1]
             text += f"recall {k}{recs[k]}. "
-        elif r < 0.4:  # verbatim repetition of random bytes: the plainest copying signal there is
+        elif rng.random() < 0.15:  # verbatim repetition of random bytes: the plainest copying signal there is
             s = "".join(rng.choice(_ECHO) for _ in range(rng.randint(5, 20)))
             text += f"echo {s} {s}. "
-        elif r < 0.48 and len(recs) < len(_KEY):  # a new ledger, with keys not used yet in this document
-            new = _records(rng, rng.randint(1, min(3, len(_KEY) - len(recs))), taken="".join(recs))
-            recs.update(new)
-            pending += list(new)
-            text += "ledger: " + " ".join(f"{k}{v}" for k, v in new.items()) + "\n"
         else:
             text += prose(rng, rng.randint(20, 100))
     return text.encode()[:length]
 
 
-def echo_document(seed: int, index: int, length: int) -> bytes:
-    """``echo s s. echo t t. ...`` with random strings s, t: half the bytes can only be predicted by
-    finding the earlier copy and reading what followed it.
+def repeat_document(seed: int, index: int, length: int) -> bytes:
+    """One random string of 8-64 letters and digits, repeated (space-separated) to ``length`` bytes:
+    after the first copy, every byte can be predicted by finding the previous copy and reading what
+    followed it.
 
-    Small models learn that ("induction heads") only after a long plateau; a first training phase of
-    these cheap short documents gets the model over it before it meets the real corpus.
-    """
-    rng = random.Random(seed * 1_000_003 + index)
-    text = ""
+    That move ("induction heads") is what a recall needs, and small models find it only after a
+    plateau; these documents, dense in it, get the model over the plateau early in training."""
+    rng = random.Random(seed * 1_000_003 + index + 999)
+    s = "".join(rng.choice(_REPEAT) for _ in range(rng.randint(8, 64)))
+    return ((s + " ") * (length // (len(s) + 1) + 1)).encode()[:length]
+
+
+def lookup_document(seed: int, index: int, length: int) -> bytes:
+    """A short drill: a ledger of 2-6 records, then each recalled once, in random order, between bits
+    of prose. Every recall must look the key up in the ledger (first training phase, ~128 bytes)."""
+    rng = random.Random(seed * 1_000_003 + index + 4242)
+    recs = _records(rng, rng.randint(2, 6))
+    text = _ledger(recs)
+    order = list(recs)
+    rng.shuffle(order)
     while len(text) < length:
-        s = "".join(rng.choice(_ECHO) for _ in range(rng.randint(10, 30)))
-        text += f"echo {s} {s}. "
-    return text.encode()[:length]
-
-
-def dense_recall_document(seed: int, index: int, length: int) -> bytes:
-    """A ledger of 1-6 records, then nothing but recalls of them, each many times: short, dense and
-    repetitive, so copying shows up everywhere (the first training phase, where copying is learnt;
-    looking far back into a ledger is learnt from ``document``)."""
-    rng = random.Random(seed * 1_000_003 + index + 555)
-    recs = _records(rng, rng.randint(1, 6))
-    text = "ledger: " + " ".join(f"{k}{v}" for k, v in recs.items()) + "\n"
-    while len(text) < length:
-        k = rng.choice(list(recs))
-        text += f"recall {k}{recs[k]}. "
+        if order and rng.random() < 0.5:
+            k = order.pop()
+            text += f"recall {k}{recs[k]}. "
+        else:
+            text += prose(rng, rng.randint(5, 40))
     return text.encode()[:length]
 
 
 def copy_targets(doc: bytes) -> list[int]:
-    """Positions t in an echo document whose next byte t + 1 is a copy (second string, 2nd byte on)."""
-    out, text = [], doc.decode()
-    for m in re.finditer(r"echo (\w+) (\w+)\.", text):
-        if m.group(1) == m.group(2):
-            out += [m.start(2) + j - 1 for j in range(1, len(m.group(2)))]
+    """Positions t of a repeat document whose next byte t + 1 is a copy (the second copy on)."""
+    period = doc.index(b" ") + 1
+    return list(range(period - 1, len(doc) - 1))
+
+
+def answer_positions(doc: bytes) -> list[int]:
+    """Positions t whose next byte t + 1 is a digit of a recalled value (``recall x4821``: the 4 digits)."""
+    out = []
+    for m in re.finditer(rb"recall [a-z](\d{1,4})", doc):
+        out += [m.start(1) + j - 1 for j in range(len(m.group(1)))]
     return out
 
 
@@ -170,7 +178,7 @@ def recall_prompt(seed: int, index: int, length: int, n_records: int = 4) -> tup
     """
     rng = random.Random(seed * 7_000_003 + index)
     recs = _records(rng, n_records)
-    head = "ledger: " + " ".join(f"{k}{v}" for k, v in recs.items()) + "\n"
+    head = _ledger(recs)
     key = rng.choice(list(recs))
     query = f"recall {key}"
     room = length - len(head) - len(query) - 4  # leave room for the 4 answer digits
@@ -186,9 +194,9 @@ def recall_prompt(seed: int, index: int, length: int, n_records: int = 4) -> tup
     return prompt, answer, distance
 
 
-def batch(seed: int, start: int, n: int, length: int, warmup: bool = False) -> torch.Tensor:
+def batch(seed: int, start: int, n: int, length: int) -> torch.Tensor:
     """Documents ``start .. start + n - 1`` as a (n, length) LongTensor of byte ids."""
-    return torch.tensor([list(document(seed, start + i, length, warmup)) for i in range(n)], dtype=torch.long)
+    return torch.tensor([list(document(seed, start + i, length)) for i in range(n)], dtype=torch.long)
 
 
 def unigram_nll(seed: int = TRAIN_SEED, n_docs: int = 512, length: int = 512,

@@ -67,7 +67,6 @@ class Trace:
     kv_bytes: list[int] = field(default_factory=list)  # blocks_used * bytes_per_block
     act_bytes: list[int] = field(default_factory=list)  # largest temporary of the step's forwards (estimate)
     requests: dict[Hashable, RequestTrace] = field(default_factory=dict)
-    _fault: str = field(default="", repr=False)  # the answer key; the lab's hidden tests read it
 
 
 def largest_free_run(refs: list[int]) -> int:
@@ -144,7 +143,6 @@ class TracedEngine(Engine):
             if not (self.waiting or self.running):  # idle: jump to the next arrival
                 self.step_no = max(self.step_no, min(s.req.arrival for s in self.pending))
             self.step()
-        self.trace._fault = self.fault
         return self.trace
 
 
@@ -250,12 +248,18 @@ def lab_model(seed: int = 0) -> Transformer:
     return Transformer(cfg).eval()
 
 
-def lab_requests(seed: int = 0) -> list[Request]:
-    """Chat requests sharing a 32-token system prompt, arriving a few steps apart, and one long document."""
+def lab_requests(seed: int = 0, jitter: bool = False) -> list[Request]:
+    """Chat requests sharing a 32-token system prompt, arriving a few steps apart, and one long document.
+
+    ``jitter=True``: another day's traffic of the same kind (each question a few tokens longer or
+    shorter, each answer too, arrivals up to 2 steps later), drawn from ``seed``."""
     rng = random.Random(seed)
     system = [rng.randrange(256) for _ in range(32)]
     user = lambda n: [rng.randrange(256) for _ in range(n)]  # noqa: E731
     shapes = [(8, 24, 0), (20, 40, 0), (12, 8, 4), (6, 32, 8), (30, 16, 12), (10, 24, 16), (16, 40, 20)]
+    if jitter:
+        shapes = [(u + rng.randint(-3, 3), new + rng.randint(-4, 4), at + rng.randint(0, 2) if at else 0)
+                  for u, new, at in shapes]
     reqs = [Request(f"r{i}", system + user(u), new, arrival=at) for i, (u, new, at) in enumerate(shapes)]
     reqs.append(Request("doc", user(150), 8, arrival=10))  # a long document to summarize
     return reqs
@@ -280,19 +284,26 @@ class Observations:
     solo: Trace
 
 
-def observe(engine: type[TracedEngine], model: Transformer) -> Observations:
-    """Run ``engine`` on the lab workload and, separately, on the solo request."""
-    return Observations(run_traced(engine, model, lab_requests()), run_traced(engine, model, [solo_request()]))
+def observe(engine: type[TracedEngine], model: Transformer, requests: list[Request] | None = None) -> Observations:
+    """Run ``engine`` on the lab workload (or ``requests``) and, separately, on the solo request."""
+    return Observations(run_traced(engine, model, requests or lab_requests()),
+                        run_traced(engine, model, [solo_request()]))
 
 
-def mystery_lab(seed: int, model: Transformer | None = None) -> dict[str, Observations]:
-    """The faulty engines, observed, under shuffled names engine_A, engine_B, ... (same workloads)."""
-    model = model or lab_model()
+def _shuffled(seed: int) -> list[type[TracedEngine]]:
     engines = list(FAULTS.values())
     random.Random(seed).shuffle(engines)
-    return {f"engine_{'ABCDEFGH'[i]}": observe(e, model) for i, e in enumerate(engines)}
+    return engines
 
 
-def answer_key(lab: dict[str, Observations]) -> dict[str, str]:
-    """{engine name: its fault}; read by the notebook's hidden tests."""
-    return {name: obs.serve._fault for name, obs in lab.items()}
+def mystery_lab(seed: int, model: Transformer | None = None,
+                requests: list[Request] | None = None) -> dict[str, Observations]:
+    """The faulty engines, observed, under shuffled names engine_A, engine_B, ... (same workload:
+    ``lab_requests()`` unless ``requests`` is given). Nothing in an Observations names its fault."""
+    model = model or lab_model()
+    return {f"engine_{'ABCDEFGH'[i]}": observe(e, model, requests) for i, e in enumerate(_shuffled(seed))}
+
+
+def answer_key(seed: int) -> dict[str, str]:
+    """{engine name: its fault} of ``mystery_lab(seed)``; the lab's hidden tests use it."""
+    return {f"engine_{'ABCDEFGH'[i]}": e.fault for i, e in enumerate(_shuffled(seed))}

@@ -38,7 +38,7 @@ STEM = "90_hostile"
 REAL = "03_memory"
 CANARY = "HIDDEN-CANARY-7f3a"
 SETTINGS = dict(cell_timeout=15, notebook_timeout=50, memory_mb=1536)
-pytestmark = pytest.mark.slow  # one graded class of 20 students: about 1.5 min on 2 cores
+pytestmark = pytest.mark.slow  # one graded class of 21 students: about 1.5 min on 2 cores
 
 
 def fixture_source() -> nbformat.NotebookNode:
@@ -184,6 +184,7 @@ def make_class(tmp: Path, listener_port: int) -> tuple[Path, Path, dict]:
         "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass")))
     put("membomb", with_answer(solved, "square", (
         "hog = []\nwhile True:\n    hog.append(bytearray(64 * 2**20))")))
+    put("dies", with_answer(solved, "square", "import os\nos.kill(os.getpid(), 9)"))  # a crash (segfault, os._exit)
     deleted = nbformat.from_dict(json.loads(json.dumps(solved)))
     deleted.cells = [c for c in deleted.cells if nbs.grade_id(c) != "test_square"]
     put("deleted", deleted)
@@ -294,6 +295,7 @@ def test_real_chapter_in_the_same_batch(batch):
     ("loop", "ok", 1, "CellTimeoutError"),
     ("stubborn", "timeout", 0, "ignored the interrupt"),
     ("membomb", "ok", 1, "MemoryError"),
+    ("dies", "error", 0, "the kernel died"),  # nothing after the crash ran, so nothing can be credited
     ("edited", "ok", 1, "edited locked cell(s) 'test_square'"),
     ("missing", "missing", 0, "no 90_hostile.ipynb"),
     ("notjson", "invalid", 0, "not JSON"),

@@ -28,13 +28,31 @@ WRONG = {
     "share_at_activation_peak": [
         ("activation_share_at_peak", "peak = int(np.argmax(total))", "peak = int(np.argmax(act_bytes))"),
     ],
-    # Mixes up the fragmenting engine and the leaking one (both "run out of memory").
-    "swapped_diagnosis": [
-        ("mystery_answers", '"engine_C": "contiguous_fragmentation",', '"engine_C": "blocks_not_freed",'),
-        ("mystery_answers", '"engine_D": "blocks_not_freed",', '"engine_D": "contiguous_fragmentation",'),
+    # Asks about the missing prefix cache first: the contiguous allocator, which shares no blocks either, is
+    # taken for it (a side effect named as the cause).
+    "prefix_asked_first": [
+        ("diagnose", "    if stuck > 3:\n",
+         "    if not any(r.cached_tokens for r in s.requests.values()):\n"
+         "        return \"shared_prefix_not_cached\"\n"
+         "    if stuck > 3:\n"),
+    ],
+    # Counts every wait with enough free blocks as fragmentation, adjacent or not: a paged pool shows one now
+    # and then, so the engine without prefix caching is called fragmented.
+    "fragmentation_any_wait": [
+        ("diagnose", "if w and free >= need > run and fed < faults.TOKEN_BUDGET)",
+         "if w and free >= need and fed < faults.TOKEN_BUDGET)"),
+        ("diagnose", "    if stuck > 3:", "    if stuck:"),
+    ],
+    # Compares the tokens of a step with the engine's own budget: an engine with no real budget never exceeds it.
+    "spike_against_own_budget": [
+        ("diagnose", "if max(s.step_tokens) > faults.TOKEN_BUDGET:", "if max(s.step_tokens) > s.token_budget:"),
+    ],
+    # Falls back to a fault when nothing is wrong: the healthy engine gets a diagnosis.
+    "always_a_fault": [
+        ("diagnose", "    return None\n", "    return \"shared_prefix_not_cached\"\n"),
     ],
     # Right fault, wrong cure: a leak is not fixed by making each block smaller.
-    "leak_fixed_by_quantizing": [
-        ("mystery_answers", '"engine_D": "free_finished",', '"engine_D": "quantize_kv",'),
+    "leak_cured_by_quantizing": [
+        ("cure", '"blocks_not_freed": "free_finished",', '"blocks_not_freed": "quantize_kv",'),
     ],
 }
