@@ -1,4 +1,4 @@
-"""Train the course's tiny model: ``python -m kvref.train`` (about 12 minutes of one CPU core).
+"""Train the course's tiny model: ``python -m kvref.train`` (about 11 minutes of one CPU core).
 
 A byte-level Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention: 8 query heads share 2 K/V
 heads) trained from scratch on the synthetic corpus of ``kvref.corpus``. The result is committed
@@ -6,15 +6,18 @@ as ``kvref/data/tiny.safetensors`` (+ ``tiny.json``, + ``train_log.txt``), and
 ``kvref.tiny_model()`` loads it, so quality experiments on quantized or bounded caches measure
 something real: prose the model predicts well, and records it must recall hundreds of bytes later.
 
-How a 0.8 M-parameter model learns a lookup 500 bytes back in 12 minutes (train_log.txt shows
+How a 0.8 M-parameter model learns a lookup 500 bytes back in 11 minutes (train_log.txt shows
 each step): first it must learn to copy, "find the earlier occurrence of what I just read and
 predict what followed it" (induction heads). Small models find that only after a plateau, and
 only if the data is dense in it, so phase 1 alternates strings repeated over and over with short
-lookup drills; copying and then the lookup appear within ~1500 short steps. Phase 2 stretches the
-lookup to full-length documents. The answer digits weigh more in the loss: they are rare.
+lookup drills; copying shows within ~1200 short steps. Phase 2 stretches the lookup to full-length
+documents; at its first check, 400 steps in, it works 500 bytes back. The answer digits weigh more
+in the loss: they are rare.
 
-    model = tiny_model()                       # eval mode, fp32, CPU
-    ids = torch.tensor([list(b"recall ")])
+    model = tiny_model()                                   # eval mode, fp32, CPU
+    prompt = b"ledger: x4821 q0937\nThe cache holds the bread. recall q"
+    out = generate(model, torch.tensor([list(prompt)]), 4)
+    bytes(out.tokens[0, -4:].tolist())                     # b'0937'
 """
 
 from __future__ import annotations
