@@ -174,14 +174,15 @@ def _new_root(policy: dict) -> None:
 
 
 def _limits(policy: dict) -> None:
-    def cap(which, value):
+    def cap(which, value, slack=0):
         if value:
             soft, hard = resource.getrlimit(which)
-            value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
-            resource.setrlimit(which, (value, value))
+            top = lambda x: int(x) if hard == resource.RLIM_INFINITY else min(int(x), hard)  # noqa: E731
+            resource.setrlimit(which, (top(value), top(value + slack)))
 
     cap(resource.RLIMIT_AS, policy.get("memory_mb", 0) * 2 ** 20)
-    cap(resource.RLIMIT_CPU, policy.get("cpu_s", 0))
+    # CPU: SIGXCPU at the limit (status 128 + 24 says why), SIGKILL 2 s later if that is ignored.
+    cap(resource.RLIMIT_CPU, policy.get("cpu_s", 0), slack=2)
     cap(resource.RLIMIT_FSIZE, policy.get("fsize_mb", 0) * 2 ** 20)
     cap(resource.RLIMIT_NPROC, policy.get("nproc", 0))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core dumps in the student's folder
@@ -226,7 +227,7 @@ def _wait(pid: int, reap_all: bool = False) -> int:
         except ChildProcessError:
             return 1
         if got == pid:
-            return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            return _status(status)
 
 
 def _die_with_parent() -> None:

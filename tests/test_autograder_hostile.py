@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import pytest
 from nbformat.v4 import new_markdown_cell
 
 from autograder import notebooks as nbs
+from autograder import sandbox
 from autograder.batch import Settings, grade_batch, shard_of
 from autograder.results import merge, read_csv
 from autograder.commands import build_releases
@@ -440,3 +442,27 @@ def test_wall_clock_limit_per_notebook(batch, tmp_path):
                        notebook_names=[STEM], say=lambda m: None) == 0
     r = read_csv(tmp_path / "out" / "grades.csv")[0]
     assert (r.status, r.score) == ("timeout", 0) and "limit per notebook" in r.reason, r
+
+
+SPIN = "while True: pass"
+SPIN_IGNORING = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass"
+
+
+@pytest.mark.parametrize("isolate,code,status", [
+    (False, SPIN, 128 + signal.SIGXCPU),
+    (True, SPIN, 128 + signal.SIGXCPU),
+    (True, SPIN_IGNORING, 128 + signal.SIGKILL),  # the hard limit, 2 CPU-seconds later
+])
+def test_cpu_seconds_limit_stops_a_spinning_kernel(tmp_path, isolate, code, status):
+    """The backstop behind the wall-clock limits: RLIMIT_CPU ends a process that only spins,
+    with or without the namespaces, even one that ignores SIGXCPU."""
+    if isolate and not sandbox.probe([])[0]:
+        pytest.skip("user namespaces unavailable here: the limits-only mode is the other case")
+    policy = {"isolate": isolate, "cpu_s": 1, "ro": sandbox.readonly_paths(ROOT), "rw": [str(tmp_path)],
+              "cwd": str(tmp_path)}
+    (tmp_path / "policy.json").write_text(json.dumps(policy))
+    t0 = time.perf_counter()
+    p = subprocess.run(sandbox.command(tmp_path / "policy.json", [sys.executable, "-c", code]),
+                       capture_output=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == status, (p.returncode, p.stderr[-300:])
+    assert time.perf_counter() - t0 < 60  # a few CPU-seconds, however busy the machine (not the 120 s timeout)
