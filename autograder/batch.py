@@ -202,7 +202,7 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
     course = Course(base, {s: sources[s] for s in stems})
     releases = {stem: course.generate(stem) for stem in stems}
     source_nbs = {stem: notebooks.read(sources[stem]) for stem in stems}
-    max_points = {s: notebooks.max_points(nbs) for s, nbs in ((s, notebooks.read(sources[s])) for s in stems)}
+    max_points = {stem: notebooks.max_points(nb) for stem, nb in source_nbs.items()}
 
     hidden = [str(solutions.resolve()), str(base / "gradebook.db"), str(submissions), str(out / "grades.csv")]
     isolated, isolation = isolation_status(settings, hidden)

@@ -9,7 +9,6 @@ untouched release and each wrong answer of tests/wrong_answers/, in turn), grade
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -31,12 +30,7 @@ TARGET_S = 20.0
 
 def wrong_answers(stem: str) -> dict:
     path = ROOT / "tests" / "wrong_answers" / f"{stem}.py"
-    if not path.is_file():
-        return {}
-    spec = importlib.util.spec_from_file_location(f"bench_wrong_{stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return dict(getattr(module, "WRONG", {}))
+    return notebooks.load_wrong_answers(path) if path.is_file() else {}
 
 
 def make_submissions(dest: Path, n: int) -> dict[str, str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +157,18 @@ def fill_answers(released: NotebookNode, source: NotebookNode) -> NotebookNode:
         if is_answer(cell):
             cell.source = solutions[grade_id(cell)].source
     return nb
+
+
+def load_wrong_answers(path: str | Path) -> dict:
+    """The ``WRONG`` dict of a tests/wrong_answers/<stem>.py file: {name: [(grade_id, exact text,
+    replacement), ...]} (see docs/COURSE_PIPELINE.md). Raises if the file does not load."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"wrong_answers_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not isinstance(module.WRONG, dict):
+        raise TypeError(f"WRONG must be a dict, got {type(module.WRONG).__name__}")
+    return module.WRONG
 
 
 def apply_wrong(nb: NotebookNode, substitutions, name: str = "wrong answer") -> NotebookNode:

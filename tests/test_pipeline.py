@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import html
-import importlib.util
 import json
 import os
 import re
@@ -57,15 +56,9 @@ def load_wrong(stem: str) -> dict | str:
     if not path.is_file():
         return f"missing {path.relative_to(ROOT)}"
     try:
-        spec = importlib.util.spec_from_file_location(f"wrong_answers_{stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        wrong = module.WRONG
+        return nbs.load_wrong_answers(path)
     except Exception as e:  # reported by test_enough_wrong_answers, collection goes on
         return f"{path.relative_to(ROOT)} does not load: {type(e).__name__}: {e}"
-    if not isinstance(wrong, dict):
-        return f"{path.relative_to(ROOT)}: WRONG must be a dict, got {type(wrong).__name__}"
-    return wrong
 
 
 WRONG = {stem: load_wrong(stem) for stem in STEMS}
