@@ -4,6 +4,8 @@
 #   make test    create .venv if needed, run the whole test suite
 #   make venv    only create/update .venv from requirements.txt (+ kvref in editable mode)
 #   make js      only fetch the book's pinned JavaScript (MathJax, require.js, ipywidgets manager) into .cache/js
+#   make pdf     build the book, then print it into one PDF, $(BUILD_DIR)/_build/book.pdf
+#                (prerequisite: headless Chromium, Debian's `chromium`: apt-get install -y chromium)
 #   make clean   remove _build
 #   make release regenerate the student notebooks notebooks/NN_topic.ipynb from solutions/ (nbgrader)
 #   make grade SUBMISSIONS=<dir> OUT=<dir>
@@ -29,7 +31,7 @@ PYTEST_ARGS ?=
 # Recipes (and the tools they start, e.g. nbgrader and the notebook kernel) use the venv.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv js book test clean release grade
+.PHONY: venv js book pdf test clean release grade
 
 venv: $(STAMP)
 
@@ -56,6 +58,10 @@ book: export MPLBACKEND := module://matplotlib_inline.backend_inline
 book: $(STAMP) js
 	$(JUPYTER_BOOK) build . $(BOOK_FLAGS) --path-output $(BUILD_DIR)
 	@echo "First chapter: $(FIRST_CHAPTER)"
+
+# One printable PDF: headless Chromium prints each built page (book/_ext/static/print.css), pypdf joins them.
+pdf: book
+	$(PY) book/_ext/pdf.py --html $(abspath $(BUILD_DIR))/_build/html --out $(abspath $(BUILD_DIR))/_build/book.pdf
 
 test: export MPLBACKEND := Agg
 test: $(STAMP)

@@ -5,6 +5,8 @@
   re-adds the registry's scripts with filename '' next to the builder's copy with filename None, and the two
   do not compare equal. The second `const` throws "Identifier 'THEBE_JS_URL' has already been declared" in
   every page. Drop exact duplicates before the page is rendered.
+- static/print.css (ours, served from _static/ by offline_js): how a page prints, and so how `make pdf` looks
+  (text column only, code wrapped, widgets hidden in favour of the static figure beside each).
 """
 
 from __future__ import annotations
@@ -30,4 +32,5 @@ def drop_duplicate_scripts(app, pagename, templatename, context, doctree) -> Non
 def setup(app):
     # Late (priority 900): after the other extensions have added this page's scripts.
     app.connect("html-page-context", drop_duplicate_scripts, priority=900)
+    app.add_css_file("print.css", media="print")
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
