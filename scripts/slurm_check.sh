@@ -37,6 +37,13 @@ done
 WORK=$(mktemp -d "${SLURM_CHECK_TMP:-${TMPDIR:-/tmp}}/kv-slurm.XXXXXX")
 # Every Slurm command and daemon reads this file; it is also the mark of our processes (see ours).
 chmod 711 "$WORK"  # munged wants every directory above its socket searchable by all
+d=$WORK
+while d=$(dirname "$d") && [ "$d" != / ]; do
+  case $(stat -c %A "$d") in
+    *[xt]) ;;
+    *) rmdir "$WORK"; die "munged wants every folder above its socket searchable by all; $d is not (choose another SLURM_CHECK_TMP)";;
+  esac
+done
 export SLURM_CONF=$WORK/slurm.conf
 DAEMONS=()
 
@@ -62,17 +69,19 @@ cleanup() {
   local rc=$? pid left_over
   trap - EXIT INT TERM
   set +e
-  if [ -n "${CTLD_UP:-}" ]; then  # cancel what is still queued or running, give it 15 s to end
+  if [ -n "${CTLD_PID:-}" ] && kill -0 "$CTLD_PID" 2>/dev/null; then  # cancel what is queued or running
     timeout 10 scancel --user="$(id -un)" 2>/dev/null
-    for _ in $(seq 30); do [ -z "$(timeout 5 squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.5; done
+    for _ in $(seq 30); do [ -z "$(timeout 3 squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.5; done
   fi
   for pid in "${DAEMONS[@]}"; do stop "$pid"; done   # slurmd, slurmctld, munged: the reverse order of start
-  left_over=$(ours)
-  if [ -n "$left_over" ]; then
-    log "killing processes left by the cluster: $(ps -o pid=,comm= -p "${left_over//$'\n'/,}" | tr '\n' ' ')"
-    for pid in $left_over; do kill -KILL "$pid" 2>/dev/null; done
+  for sig in TERM KILL KILL; do  # what is left: jobs whose slurmstepd lost its slurmd, an interrupted make grade
+    left_over=$(ours)
+    [ -n "$left_over" ] || break
+    log "SIG$sig to processes left by the cluster: $(ps -o pid=,comm= -p "${left_over//$'\n'/,}" | tr '\n' ' ')"
+    for pid in $left_over; do kill -"$sig" "$pid" 2>/dev/null; done
+    sleep 1
     [ "$rc" = 0 ] && rc=1
-  fi
+  done
   if [ "$rc" != 0 ] && [ -d "$WORK/log" ]; then
     for f in "$WORK"/log/*; do log "--- last lines of $f"; tail -n 15 "$f" >&2; done
   fi
@@ -146,8 +155,8 @@ DAEMONS=("$!")
 for _ in $(seq 50); do [ -S "$WORK/munge.socket" ] && break; sleep 0.2; done
 [ -S "$WORK/munge.socket" ] || die "munged did not start"
 slurmctld -D -i >>"$WORK/log/slurmctld.out" 2>&1 &
-DAEMONS=("$!" "${DAEMONS[@]}")
-CTLD_UP=1
+CTLD_PID=$!
+DAEMONS=("$CTLD_PID" "${DAEMONS[@]}")
 slurmd -D -N "$HOST" >>"$WORK/log/slurmd.out" 2>&1 &
 DAEMONS=("$!" "${DAEMONS[@]}")
 for _ in $(seq 100); do

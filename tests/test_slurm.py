@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,17 @@ def ours(folder: Path) -> list[str]:
     return found
 
 
-def test_readme_array_job_on_a_local_slurm_cluster(tmp_path):
+@pytest.fixture
+def base():
+    """A folder for the cluster that every user may search: munged refuses a socket below a private folder,
+    such as pytest's tmp_path."""
+    folder = Path(tempfile.mkdtemp(prefix="kv-slurm-test-"))
+    folder.chmod(0o711)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_readme_array_job_on_a_local_slurm_cluster(base):
     missing = [t for t in TOOLS if shutil.which(t) is None]
     ci = bool(os.environ.get("CI"))
     if missing and not ci:
@@ -48,7 +59,7 @@ def test_readme_array_job_on_a_local_slurm_cluster(tmp_path):
     assert not missing, f"CI: .ci/run installs slurm-wlm and munge before the tests; missing {missing}"
     if os.geteuid() != 0 and not ci:
         pytest.skip("the one-node Slurm cluster runs its daemons as root")
-    env = dict(os.environ, SLURM_CHECK_TMP=str(tmp_path), SLURM_CHECK_SECONDS=str(LIMIT_S - 20))
+    env = dict(os.environ, SLURM_CHECK_TMP=str(base), SLURM_CHECK_SECONDS=str(LIMIT_S - 20))
     env.pop("SLURM_CHECK_KEEP", None)
     proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "slurm_check.sh")], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -58,8 +69,8 @@ def test_readme_array_job_on_a_local_slurm_cluster(tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
         out += f"\n(the check ran past {LIMIT_S} s and was stopped)"
-    assert not ours(tmp_path), f"daemons left running: {ours(tmp_path)}\n{out[-3000:]}"
-    assert not list(tmp_path.iterdir()), "the cluster's temporary folder was not removed"
+    assert not ours(base), f"daemons left running: {ours(base)}\n{out[-3000:]}"
+    assert not list(base.iterdir()), "the cluster's temporary folder was not removed"
     assert proc.returncode == 0, out[-6000:]
     # The script's own checks each print one line; make sure every one ran.
     for line in ["sacct: array job 1: task 1 COMPLETED, task 2 COMPLETED, task 3 COMPLETED",
