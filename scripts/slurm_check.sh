@@ -35,7 +35,6 @@ done
 [ -x "$PY" ] || die "$PY not found: run make venv first"
 
 WORK=$(mktemp -d "${SLURM_CHECK_TMP:-${TMPDIR:-/tmp}}/kv-slurm.XXXXXX")
-# Every Slurm command and daemon reads this file; it is also the mark of our processes (see ours).
 chmod 711 "$WORK"  # munged wants every directory above its socket searchable by all
 d=$WORK
 while d=$(dirname "$d") && [ "$d" != / ]; do
@@ -44,6 +43,7 @@ while d=$(dirname "$d") && [ "$d" != / ]; do
     *) rmdir "$WORK"; die "munged wants every folder above its socket searchable by all; $d is not (choose another SLURM_CHECK_TMP)";;
   esac
 done
+# Every Slurm command and daemon reads this file; it is also the mark of our processes (see ours).
 export SLURM_CONF=$WORK/slurm.conf
 DAEMONS=()
 
