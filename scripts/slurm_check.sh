@@ -103,7 +103,7 @@ timeout "$(left)" make -s grade SUBMISSIONS="$CLASS" OUT="$WORK/single" WORKERS=
 
 # -- a one-node cluster in $WORK ----------------------------------------------------------------------
 mkdir -p "$WORK"/{state,spool,log,out}
-HOST=$(hostname -s)
+HOST=$(uname -n); HOST=${HOST%%.*}  # the short host name, as slurmctld and slurmd compare it
 read -r CTLD_PORT SLURMD_PORT < <("$PY" -c '
 import socket
 socks = [socket.socket() for _ in range(2)]
