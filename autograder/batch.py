@@ -163,8 +163,8 @@ def isolation_status(settings: Settings, hidden: list[str]) -> tuple[bool, str]:
 def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | None = None,
                 settings: Settings | None = None, shard: str | None = None, force: bool = False,
                 notebook_names: list[str] | None = None, say: Say = _stderr) -> int:
-    """Grade a class. Returns 0 when every submission got a row (whatever its status), 2 on a
-    usage error."""
+    """Grade a class. Returns 0 when every submission got a row (whatever its status), 1 when OUT
+    cannot be written, 2 on a usage error."""
     from .commands import solution_files
 
     settings = settings or Settings()
@@ -176,10 +176,14 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
         say(f"error: no NN_topic.ipynb notebooks in {solutions}")
         return 2
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     work = out / ".work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
+    try:  # fail here, before any grading, when OUT cannot hold the results
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+    except OSError as e:
+        say(f"error: cannot write the results to {out}: {e}")
+        return 1
     if submissions.is_file() and zipfile.is_zipfile(submissions):
         submissions = unzip(submissions, work / "unzipped", say)
     if not submissions.is_dir():
@@ -249,7 +253,9 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         rows += list(pool.map(grade_one, todo))
     write_csv(rows, out / "grades.csv")
+    # shard and class (every student of every shard, the notebooks): merge checks completeness against them
     meta = {"isolation": isolation, "isolated": isolated, "workers": workers, "shard": f"{k}/{n}",
+            "class": {"students": sorted(folders), "notebooks": stems},
             "settings": dataclasses.asdict(settings), "seconds": time.perf_counter() - t0,
             "graded": len(todo), "rows": len(rows),
             "per_notebook_seconds": {f"{r.student}/{r.notebook}": round(r.seconds, 2) for r in rows if r.seconds}}

@@ -115,5 +115,6 @@ def grade(submissions: Path, out: Path, solutions: Path = SOLUTIONS, workers: in
     current solutions into ``out``/grades.csv (student, notebook, score, max_score, status,
     reason) and ``out``/feedback/<student>/<NN_topic>.html. ``options``: settings (a
     ``batch.Settings``), shard ("K/N"), force, notebook_names; see ``batch.grade_batch``.
-    Returns 0 when every submission has its row, whatever its status; 2 on a usage error."""
+    Returns 0 when every submission has its row, whatever its status; 1 when ``out`` cannot be
+    written; 2 on a usage error."""
     return grade_batch(submissions, out, solutions, workers=workers or default_workers(), say=say, **options)

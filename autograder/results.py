@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -68,20 +69,78 @@ def summary(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _shard_files(p: Path) -> tuple[Path, Path]:
+    """(grades.csv, grading.json) of one shard: its OUT folder, or the grades.csv in that folder."""
+    return (p / "grades.csv", p / "grading.json") if p.is_dir() else (p, p.parent / "grading.json")
+
+
 def merge(inputs: list[Path], output: Path, say: Say = _stderr) -> int:
-    """Join the grades.csv of several shards (files or OUT folders) into one."""
+    """Join the grades.csv of several shards (their OUT folders, or the grades.csv in them) into one.
+
+    Every shard's grading.json names its shard K/N and the whole class (students, notebooks), so the
+    merge knows what a complete sheet holds. Anything short of every student and notebook exactly
+    once is refused with exit status 1 and nothing written: a shard whose task failed (no
+    grades.csv) has its students named; overlapping shards, a shard given twice and shards of
+    different classes are errors too.
+    """
+    from .batch import shard_of  # batch imports this module
+
+    problems: list[str] = []
     rows: dict[tuple[str, str], Row] = {}
-    for p in inputs:
-        p = Path(p)
-        p = p / "grades.csv" if p.is_dir() else p
-        for r in read_csv(p):
+    overlaps: list[str] = []
+    given: dict[int, Path] = {}  # shard K -> input
+    classes: dict[str, Path] = {}  # the class as JSON -> first input cut from it
+    for p in map(Path, inputs):
+        csv_path, meta_path = _shard_files(p)
+        if not csv_path.is_file():
+            problems.append(f"{p}: no grades.csv (did the task that grades this shard fail? see its log)")
+            continue
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            k, n = (int(x) for x in meta["shard"].split("/"))
+            students, stems = sorted(meta["class"]["students"]), sorted(meta["class"]["notebooks"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            problems.append(f"{p}: no readable grading.json beside {csv_path.name} saying which shard of which "
+                            f"class it holds ({type(e).__name__}: {e}); merge the OUT folders that "
+                            f"`make grade` wrote")
+            continue
+        classes.setdefault(json.dumps([n, students, stems]), p)
+        if k in given:
+            problems.append(f"shard {k}/{n} is given twice: {given[k]} and {p}")
+            continue
+        given[k] = p
+        for r in read_csv(csv_path):
             key = (r.student, r.notebook)
             if key in rows:
-                say(f"error: {r.student}/{r.notebook} is in two inputs (the shards overlap); the second is {p}")
-                return 1
+                overlaps.append(f"{r.student}/{r.notebook} is in two inputs (the shards overlap); the second is {p}")
             rows[key] = r
+    problems += overlaps[:5] + ([f"... and {len(overlaps) - 5} more overlapping rows"] if len(overlaps) > 5 else [])
+    if len(classes) > 1:
+        problems.append("the shards come from different classes (other students, notebooks or number of "
+                        "shards): " + ", ".join(str(p) for p in classes.values()))
+    elif classes:
+        n, students, stems = json.loads(next(iter(classes)))
+        expected = {(s, stem) for s in students for stem in stems}
+        for s, stem in sorted(set(rows) - expected):
+            problems.append(f"{s}/{stem} is not in the class its shard's grading.json names")
+        missing = expected - set(rows)
+        for k in range(1, n + 1):
+            lost = sorted({s for s, _ in missing if shard_of(s, n) == k})
+            if lost:
+                why = "no results for this shard" if k not in given else f"rows missing in {given[k]}"
+                problems.append(f"shard {k}/{n} ({why}): no grades for {len(lost)} student(s): {', '.join(lost)}; "
+                                f"grade that shard again (SHARD={k}/{n}, or `sbatch --array={k}` with the array "
+                                f"script) and merge again")
+    elif not problems:
+        problems.append("no inputs")
+    if problems:
+        for msg in problems:
+            say(f"error: {msg}")
+        say(f"nothing written to {output}: the merged sheet would not hold the whole class")
+        return 1
     output.parent.mkdir(parents=True, exist_ok=True)
     write_csv(list(rows.values()), output)
     say(summary(list(rows.values())) if rows else "no rows")
-    say(f"merged {len(rows)} row(s) from {len(inputs)} file(s) into {output}")
+    say(f"merged {len(rows)} row(s) from {len(inputs)} file(s) into {output}: {len(students)} student(s) x "
+        f"{len(stems)} notebook(s), {len(given)} shard(s) of {n}")
     return 0

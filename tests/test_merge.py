@@ -1,0 +1,130 @@
+"""`python -m autograder merge`: the whole class exactly once, or exit 1 with the missing students named.
+
+The shards here are written the way `make grade ... SHARD=K/N` writes them (grades.csv and the grading.json
+that names the shard and the class) but with made-up scores, so these tests take a second; the real thing,
+graded shards of a Slurm array job, is tests/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder.batch import grade_batch, shard_of
+from autograder.commands import SOLUTIONS
+from autograder.course import ROOT
+from autograder.results import Row, merge, read_csv, write_csv
+
+N = 3
+STEMS = ["03_memory", "05_paging"]
+
+
+def roster() -> list[str]:
+    """Students such that every one of the N shards holds two of them (an empty shard would test nothing)."""
+    picked: dict[int, list[str]] = {k: [] for k in range(1, N + 1)}
+    i = 0
+    while any(len(v) < 2 for v in picked.values()):
+        name = f"student{i:02d}"
+        if len(picked[shard_of(name, N)]) < 2:
+            picked[shard_of(name, N)].append(name)
+        i += 1
+    return sorted(sum(picked.values(), []))
+
+
+STUDENTS = roster()
+
+
+def write_shard(folder: Path, k: int, students: list[str] = STUDENTS, stems: list[str] = STEMS, n: int = N) -> list[Row]:
+    mine = [s for s in students if shard_of(s, n) == k]
+    rows = [Row(s, stem, float(len(s) % 4), 3.0) for s in mine for stem in stems]
+    folder.mkdir(parents=True)
+    write_csv(rows, folder / "grades.csv")
+    (folder / "grading.json").write_text(json.dumps({"shard": f"{k}/{n}",
+                                                     "class": {"students": students, "notebooks": stems}}))
+    return rows
+
+
+def quiet_merge(inputs: list[Path], output: Path) -> tuple[int, str]:
+    said: list[str] = []
+    return merge(inputs, output, say=said.append), "\n".join(said)
+
+
+def test_complete_shards_merge_into_the_whole_class(tmp_path):
+    rows = sum((write_shard(tmp_path / f"shard-{k}", k) for k in range(1, N + 1)), [])
+    status, said = quiet_merge([tmp_path / f"shard-{k}" for k in range(1, N + 1)], tmp_path / "grades.csv")
+    assert status == 0, said
+    merged = [(r.student, r.notebook, r.score) for r in read_csv(tmp_path / "grades.csv")]
+    assert merged == sorted((r.student, r.notebook, r.score) for r in rows)
+    assert len(merged) == len(STUDENTS) * len(STEMS)  # every student and notebook, once
+
+
+@pytest.mark.parametrize("failure", ["no folder", "empty folder", "rows lost"])
+def test_a_failed_shard_is_refused_with_its_students_named(tmp_path, failure):
+    for k in (1, 3):
+        write_shard(tmp_path / f"shard-{k}", k)
+    lost = [s for s in STUDENTS if shard_of(s, N) == 2]
+    if failure == "empty folder":  # the task could not write its output folder
+        (tmp_path / "shard-2").mkdir()
+    elif failure == "rows lost":  # a sheet that lacks one student's rows
+        write_shard(tmp_path / "shard-2", 2)
+        lines = (tmp_path / "shard-2" / "grades.csv").read_text().splitlines(keepends=True)
+        (tmp_path / "shard-2" / "grades.csv").write_text("".join(l for l in lines if not l.startswith(lost[0])))
+        lost = lost[:1]
+    inputs = sorted(tmp_path.glob("shard-*"))  # what `merge graded/shard-*` gets
+    status, said = quiet_merge(inputs, tmp_path / "grades.csv")
+    assert status == 1
+    assert not (tmp_path / "grades.csv").exists()  # never a smaller sheet
+    assert f"shard 2/{N}" in said and f"no grades for {len(lost)} student(s): {', '.join(lost)}" in said, said
+    others = set(STUDENTS) - set(lost)
+    assert not any(s in said for s in others), said  # only the lost ones are named
+
+
+def test_shards_given_twice_or_from_different_classes_are_refused(tmp_path):
+    for k in range(1, N + 1):
+        write_shard(tmp_path / f"a{k}", k)
+    status, said = quiet_merge([tmp_path / "a1", tmp_path / "a2", tmp_path / "a3", tmp_path / "a1"],
+                               tmp_path / "x.csv")
+    assert status == 1 and "shard 1/3 is given twice" in said and not (tmp_path / "x.csv").exists()
+    write_shard(tmp_path / "other3", 3, students=STUDENTS + ["latecomer"])
+    status, said = quiet_merge([tmp_path / "a1", tmp_path / "a2", tmp_path / "other3"], tmp_path / "x.csv")
+    assert status == 1 and "different classes" in said and not (tmp_path / "x.csv").exists()
+    write_shard(tmp_path / "four1", 1, n=4)
+    status, said = quiet_merge([tmp_path / "four1", tmp_path / "a2", tmp_path / "a3"], tmp_path / "x.csv")
+    assert status == 1 and "different classes" in said
+
+
+def test_a_sheet_without_its_grading_json_is_refused(tmp_path):
+    for k in range(1, N + 1):
+        write_shard(tmp_path / f"shard-{k}", k)
+    (tmp_path / "shard-2" / "grading.json").unlink()
+    status, said = quiet_merge([tmp_path / f"shard-{k}" / "grades.csv" for k in range(1, N + 1)],
+                               tmp_path / "grades.csv")
+    assert status == 1 and "grading.json" in said and not (tmp_path / "grades.csv").exists()
+
+
+def test_cli_merge_exit_status_and_message(tmp_path):
+    write_shard(tmp_path / "shard-1", 1)
+    write_shard(tmp_path / "shard-3", 3)
+    proc = subprocess.run([sys.executable, "-m", "autograder", "merge", str(tmp_path / "shard-1"),
+                           str(tmp_path / "shard-3"), "-o", str(tmp_path / "grades.csv")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 1
+    for s in STUDENTS:
+        assert (s in proc.stderr) == (shard_of(s, N) == 2), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_grading_into_an_unwritable_out_fails_cleanly(tmp_path):
+    """A task whose OUT cannot be made stops before grading with one error line and exit 1 (so Slurm
+    records the task FAILED). A file in the way stands in for an unwritable folder: root writes anywhere."""
+    subs = tmp_path / "subs" / "alice"
+    subs.mkdir(parents=True)
+    (tmp_path / "out").write_text("in the way")
+    said: list[str] = []
+    assert grade_batch(tmp_path / "subs", tmp_path / "out" / "shard-2", SOLUTIONS, workers=1, shard="2/3",
+                       say=said.append) == 1
+    assert len(said) == 1 and said[0].startswith("error: cannot write the results to"), said
