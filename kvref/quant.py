@@ -19,6 +19,15 @@ attention weighs most, and keys can only be quantized once G tokens have gathere
 Tokens leave the residual in whole key groups, so between R and R + G - 1 tokens are held in full
 precision (exactly ``residual_tokens(S, R, G)``). Scales and zero points are kept in the compute dtype;
 int4 codes are packed two per byte.
+
+``quantize`` itself takes any width from 2 to 8 bits (one code per byte), so that narrower formats
+can be studied (``kvref.bench.simquant.SimulatedQuantCache``); ``QuantizedCache`` stores 8 or 4.
+FP8 is the other common cache format: ``fp8_round_trip`` rounds to torch's float8 dtypes
+(e4m3: 3 mantissa bits, largest 448; e5m2: 2 mantissa bits, largest 57344) after dividing by a scale.
+
+kvref reads the cache by dequantizing all of it into a full-precision copy that attention then
+reads (``QuantizedCache.read``); engines built for quantized caches convert the codes inside the
+attention kernel instead, so the bytes read per decode step shrink as well as the bytes stored.
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ import torch
 from .cache import KVCache
 from .config import ModelConfig
 
-BITS = (8, 4)
+BITS = (8, 4)  # what QuantizedCache (and kvref.memory's kv_bits) stores: int4 packed two per byte
+INT_BITS = range(2, 9)  # what quantize() accepts: 2 to 8 bits, one code per byte
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
 class QuantizationError(ValueError):
@@ -42,8 +53,8 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, dim: int) -> tuple[tor
     Returns (codes uint8, same shape as x, one code per byte), scale and zero, with ``dim`` shrunk
     by ``group_size`` (in x's dtype).
     """
-    if bits not in BITS:
-        raise QuantizationError(f"bits must be one of {BITS}; got {bits}")
+    if not isinstance(bits, int) or bits not in INT_BITS:
+        raise QuantizationError(f"bits must be an integer from 2 to 8; got {bits!r}")
     dim = dim % x.dim()
     n = x.shape[dim]
     if n % group_size:
@@ -65,6 +76,32 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, gro
     scale = scale.float().repeat_interleave(group_size, dim=dim)
     zero = zero.float().repeat_interleave(group_size, dim=dim)
     return (codes.float() * scale + zero).to(out_dtype)
+
+
+def fp8_scale(x: torch.Tensor, fmt: str = "e4m3", dim: int | None = None) -> torch.Tensor:
+    """Scale that maps the largest |x| onto the format's largest number: per tensor (``dim=None``,
+    a 0-dim tensor, as vLLM's k_scale / v_scale) or per slice along ``dim`` (keepdim)."""
+    big = torch.finfo(_fp8_dtype(fmt)).max
+    amax = x.float().abs().amax() if dim is None else x.float().abs().amax(dim, keepdim=True)
+    return (amax / big).masked_fill(amax == 0, 1.0)
+
+
+def fp8_round_trip(x: torch.Tensor, scale: torch.Tensor | float = 1.0, fmt: str = "e4m3") -> torch.Tensor:
+    """What an FP8 cache gives back: x / scale rounded to float8 (``fmt`` e4m3 or e5m2), times scale.
+
+    Float formats keep a relative precision (e4m3: within 1/16 of each number, down to 2**-6 * scale;
+    below that the step is fixed); numbers beyond the largest one saturate, they do not wrap.
+    """
+    dt = _fp8_dtype(fmt)
+    big = torch.finfo(dt).max
+    y = (x.float() / scale).clamp(-big, big)  # float8_e4m3fn has no inf: out-of-range would be NaN
+    return (y.to(dt).float() * scale).to(x.dtype)
+
+
+def _fp8_dtype(fmt: str) -> torch.dtype:
+    if fmt not in FP8:
+        raise QuantizationError(f"fp8 format must be one of {sorted(FP8)}; got {fmt!r}")
+    return FP8[fmt]
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:

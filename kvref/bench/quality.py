@@ -10,6 +10,8 @@ early queries see tokens an evicting cache has not dropped yet).
 
 * Perplexity: held-out 512-byte documents (prose, ledgers of records like ``x4821`` = key ``x``,
   value ``4821``, recalls, echoes); max logit error is against the fp32 full cache run the same way.
+  The change against fp32 is measured per document; its noise is 3 standard errors of the mean
+  change over the documents, and a change inside it prints "no measurable change (noise ±x %)".
 * Bytes: ``cache.nbytes`` per sequence once the 511 input tokens are in (fp32 full cache = 100 %).
 * Recall: held-out probes ``ledger: <4 records> <prose> recall KEY``, where the 4-digit answer sits
   several hundred bytes back (range printed); exact match of the 4 greedy digits.
@@ -17,6 +19,8 @@ early queries see tokens an evicting cache has not dropped yet).
 Budgets of the bounded caches are 10 / 25 / 50 % of 512 tokens: a window of W, sinks 4 + W - 4,
 H2O half heavy hitters and half recent tokens. Quantized caches use group size 16 (= head_dim:
 keys per channel over 16 tokens, values per token over all 16 channels); residual 0 or 64 tokens.
+int8 and int4 are kvref's QuantizedCache; int2 and fp8 (e4m3, per-tensor scales calibrated on 8
+other held-out documents) are ``kvref.bench.simquant.SimulatedQuantCache``, bytes as stored.
 Targets (issue): int8 within 1 % of fp32 perplexity, int4 with a residual window within 5 %.
 """
 
@@ -34,18 +38,55 @@ from ..cache import DynamicCache, KVCache
 from ..evict import H2OCache, SinkCache, SlidingWindowCache
 from ..quant import QuantizedCache
 from ..train import recall_probes, tiny_model
+from .simquant import SimulatedQuantCache, calibrate_fp8
 
 SEQ = 512
 
 
-def cache_menu(budgets: list[float], seq: int = SEQ) -> list[tuple[str, str, callable]]:
-    """(name, family, factory) for every cache in the table."""
+# -- verdicts that never state a direction inside the noise ---------------------------------------
+def _num(x: float) -> str:
+    """Two significant digits, never rounded to zero: 0.0042, 0.37, 12."""
+    return f"{x:.2g}" if abs(x) < 10 else f"{x:.0f}"
+
+
+def change_verdict(change: float, noise: float, unit: str = " %") -> str:
+    """A change (e.g. of perplexity, in %) as a sentence fragment, judged against its noise.
+
+    ``noise`` >= 0 is the half-width of the band within which a change is not measurable (e.g. two
+    standard errors over documents). Inside it: "no measurable change (noise ±x %)"; outside:
+    "+1.2 % (noise ±0.3 %)", the sign and two significant digits, so nothing prints as 0.00.
+    """
+    if not noise >= 0 or not math.isfinite(change):
+        raise ValueError(f"need a finite change and a noise >= 0; got change={change!r}, noise={noise!r}")
+    band = f"noise ±{_num(noise)}{unit}"
+    if abs(change) <= noise:
+        return f"no measurable change ({band})"
+    return f"{'+' if change > 0 else '-'}{_num(abs(change))}{unit} ({band})"
+
+
+def paired_change(per_item: torch.Tensor, ref_item: torch.Tensor, z: float = 2.0) -> tuple[float, float]:
+    """(change in %, noise in %) of exp(mean) between two paired measurements per item (B,).
+
+    ``per_item``, ``ref_item``: mean NLL of each document (or probe) with two caches. The change is
+    exp(mean difference) - 1; the noise z standard errors of that mean over the items (z = 2: about a
+    95 % band), so a change that another sample of documents could reverse is reported as noise.
+    """
+    d = (per_item - ref_item).double()  # (B,)
+    se = float(d.std(unbiased=True) / math.sqrt(len(d))) if len(d) > 1 else float("inf")
+    return 100 * math.expm1(float(d.mean())), 100 * math.expm1(z * se)
+
+
+def cache_menu(budgets: list[float], seq: int = SEQ, fp8_scales=None) -> list[tuple[str, str, callable]]:
+    """(name, family, factory) for every cache in the table (``fp8_scales``: see calibrate_fp8)."""
     menu = [
         ("fp32 (full)", "full", DynamicCache),
         ("int8, R=0", "quant", lambda: QuantizedCache(8, 16, 0)),
         ("int8, R=64", "quant", lambda: QuantizedCache(8, 16, 64)),
+        ("fp8 e4m3, R=0", "quant", lambda: SimulatedQuantCache("fp8_e4m3", 16, 0, fp8_scales=fp8_scales)),
         ("int4, R=0", "quant", lambda: QuantizedCache(4, 16, 0)),
         ("int4, R=64", "quant", lambda: QuantizedCache(4, 16, 64)),
+        ("int2, R=0", "quant", lambda: SimulatedQuantCache("int2", 16, 0)),
+        ("int2, R=64", "quant", lambda: SimulatedQuantCache("int2", 16, 64)),
     ]
     for frac in budgets:
         b = round(frac * seq)
@@ -90,39 +131,50 @@ def run(n_docs: int, n_probes: int, budgets: list[float], threads: int) -> list[
     docs = corpus.batch(corpus.HELDOUT_SEED, 10_000, n_docs, SEQ)  # (N, 512), unseen by training and by train's eval
     x, y = docs[:, :-1], docs[:, 1:]
     probes = recall_probes(n_probes, SEQ, start=10_000)
+    scales = calibrate_fp8(model, corpus.batch(corpus.HELDOUT_SEED, 20_000, 8, SEQ))  # other documents
     rows, ref = [], None
-    for name, family, make in cache_menu(budgets):
+    for name, family, make in cache_menu(budgets, fp8_scales=scales):
         t0 = time.perf_counter()
         cache = make()
         logits = stepwise_logits(model, x, cache)
-        nll = float(F.cross_entropy(logits.flatten(0, 1), y.flatten()))
+        doc_nll = F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)  # (N,)
         if ref is None:
             ref = logits
-        rows.append(dict(name=name, family=family, bytes=cache.nbytes // n_docs, ppl=math.exp(nll),
+        rows.append(dict(name=name, family=family, bytes=cache.nbytes // n_docs,
+                         ppl=math.exp(float(doc_nll.mean())), doc_nll=doc_nll,
                          max_err=float((logits - ref).abs().max()), recall=recall(model, make, probes),
                          seconds=time.perf_counter() - t0))
         print(f"  {name}: {rows[-1]['seconds']:.0f}s", flush=True)
     return rows
 
 
+Z = 3  # standard errors in the noise band of a perplexity change
+
+
+def vs_fp32(row: dict, base: dict) -> tuple[float, str]:
+    """(change in %, verdict) of a row's perplexity against the fp32 row, per document, with noise."""
+    change, noise = paired_change(row["doc_nll"], base["doc_nll"], z=Z)
+    return change, change_verdict(change, noise)
+
+
 def table(rows: list[dict]) -> str:
     base = rows[0]
     out = ["| cache | KV bytes / seq | % of fp32 | perplexity | vs fp32 | max logit err | recall |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+           "|---|---:|---:|---:|---|---:|---:|"]
     for r in rows:
+        vs = "reference" if r is base else vs_fp32(r, base)[1]
         out.append(f"| {r['name']} | {r['bytes']:,} | {100 * r['bytes'] / base['bytes']:.1f} % | {r['ppl']:.4f} | "
-                   f"{100 * (r['ppl'] / base['ppl'] - 1):+.2f} % | {r['max_err']:.3g} | {100 * r['recall']:.0f} % |")
+                   f"{vs} | {r['max_err']:.3g} | {100 * r['recall']:.0f} % |")
     return "\n".join(out)
 
 
 def verdicts(rows: list[dict]) -> str:
     by = {r["name"]: r for r in rows}
-    base = by["fp32 (full)"]["ppl"]
     lines = []
     for name, target in (("int8, R=0", 1.0), ("int8, R=64", 1.0), ("int4, R=64", 5.0)):
-        d = 100 * (by[name]["ppl"] / base - 1)
-        lines.append(f"- {name}: perplexity {d:+.2f} % vs fp32 (target |change| <= {target:g} %): "
-                     f"{'met' if abs(d) <= target else 'NOT met'}")
+        change, text = vs_fp32(by[name], by["fp32 (full)"])
+        lines.append(f"- {name}: perplexity vs fp32 {text} (target |change| <= {target:g} %): "
+                     f"{'met' if abs(change) <= target else 'NOT met'}")
     return "\n".join(lines)
 
 
