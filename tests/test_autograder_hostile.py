@@ -380,7 +380,7 @@ def test_rerun_is_cached_and_force_regrades(batch, tmp_path):
     shutil.copytree(out, first)
     t0 = time.perf_counter()
     assert grade_batch(subs, first, batch["solutions"], workers=2, settings=Settings(**SETTINGS),
-                       notebook_names=[STEM], say=lines.append) == 0
+                       notebook_names=[STEM], say=lines.append, canary=False) == 0
     assert time.perf_counter() - t0 < 30
     assert "(cached)" in "\n".join(lines)
     rows = {(r.student, r.notebook): r for r in read_csv(first / "grades.csv")}
@@ -411,7 +411,7 @@ def test_zip_export_and_cli_shard(batch, tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "autograder", "grade", str(archive), str(out), "--solutions",
            str(batch["solutions"]), "--notebooks", STEM, "--shard", "1/1", "--cell-timeout", "15",
-           "--notebook-timeout", "50", "--memory", "1536", "--workers", "2"]
+           "--notebook-timeout", "50", "--memory", "1536", "--workers", "2", "--no-canary"]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -427,7 +427,7 @@ def test_fallback_without_namespaces_is_reported(batch, tmp_path, monkeypatch):
     shutil.copytree(batch["subs"] / "good", subs / "good")
     lines: list[str] = []
     assert grade_batch(subs, tmp_path / "out", batch["solutions"], workers=1, settings=Settings(**SETTINGS),
-                       notebook_names=[STEM], say=lines.append) == 0
+                       notebook_names=[STEM], say=lines.append, canary=False) == 0
     meta = json.loads((tmp_path / "out" / "grading.json").read_text())
     assert meta["isolated"] is False and "OFF" in meta["isolation"]
     assert any(l.startswith("isolation: OFF") for l in lines), lines
@@ -439,7 +439,7 @@ def test_wall_clock_limit_per_notebook(batch, tmp_path):
     shutil.copytree(batch["subs"] / "good", subs / "good")
     settings = Settings(**dict(SETTINGS, notebook_timeout=1))
     assert grade_batch(subs, tmp_path / "out", batch["solutions"], workers=1, settings=settings,
-                       notebook_names=[STEM], say=lambda m: None) == 0
+                       notebook_names=[STEM], say=lambda m: None, canary=False) == 0
     r = read_csv(tmp_path / "out" / "grades.csv")[0]
     assert (r.status, r.score) == ("timeout", 0) and "limit per notebook" in r.reason, r
 
