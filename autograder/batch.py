@@ -308,7 +308,7 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             results = list(pool.map(grade_one, checks))
         for row in results:
-            auto = row.max_score - sum(m["max_score"] for m in row.manual.values())
+            auto = notebooks.auto_points(source_nbs[row.notebook])
             if row.status not in ("ok", "needs_review") or row.score < auto:
                 say(f"error: the instructor solution of {row.notebook} got {row.score:g}/{auto:g} "
                     f"({row.status}: {row.reason[:300]}) with these settings, so no student was graded; "

@@ -61,19 +61,13 @@ def lost_points(nb, cells: dict[str, tuple[float, float]], limit: int = 140) -> 
             if o.output_type == "stream" and o.name == "stderr":
                 why = "wrote to stderr: " + o.text.strip().splitlines()[0] if o.text.strip() else "wrote to stderr"
         else:
-            if cell is not None and is_manual(cell) and cell.source.strip() not in ("", "YOUR ANSWER HERE"):
+            if cell is not None and notebooks.is_manual(cell) and cell.source.strip() not in ("", "YOUR ANSWER HERE"):
                 continue  # a free-text answer: a person gives its points (status needs_review)
             if cell is not None and notebooks.is_answer(cell):
                 why = "answer not given"
         why = " ".join(why.split())
         out.append(f"{gid} {s:g}/{m:g} ({why[:limit]})")
     return out
-
-
-def is_manual(cell) -> bool:
-    """An answer cell that also carries points: nbgrader leaves it to a person (a free-text answer)."""
-    m = notebooks.meta(cell)
-    return bool(m.get("grade") and m.get("solution"))
 
 
 def test_results(redacted, release, cells: dict[str, tuple[float, float]]) -> tuple[list[dict], dict]:
@@ -87,7 +81,7 @@ def test_results(redacted, release, cells: dict[str, tuple[float, float]]) -> tu
         if gid not in cells:
             continue
         score, top = cells[gid]
-        if is_manual(cell):
+        if notebooks.is_manual(cell):
             given = gid in released and cell.source.strip() != released[gid].source.strip() and cell.source.strip()
             if given:
                 manual[gid] = {"max_score": top, "answer": cell.source}
