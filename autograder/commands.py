@@ -117,7 +117,8 @@ def grade(submissions: Path, out: Path, solutions: Path = SOLUTIONS, workers: in
     ``batch.Settings``), shard ("K/N"), force, notebook_names; see ``batch.grade_batch``.
     Returns 0 when every submission has its row; 1 when nothing was graded, every row is an error or
     the canary failed; 2 on a usage error."""
-    return grade_batch(submissions, out, solutions, workers=workers or default_workers(), say=say, **options)
+    return grade_batch(submissions, out, solutions, workers=default_workers() if workers is None else workers,
+                       say=say, **options)
 
 
 # -- the course round trip: review, feedback-zip, check, gradescope, student -------------------------

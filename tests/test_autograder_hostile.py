@@ -269,7 +269,7 @@ def test_batch_completes_with_a_row_for_everyone(batch):
     assert {s for s, _ in batch["rows"]} == students
     assert len(batch["rows"]) == 2 * len(students)  # every student x both notebooks
     with open(batch["out"] / "grades.csv", newline="") as f:
-        assert next(csv.reader(f)) == ["student", "notebook", "score", "max_score", "status", "reason"]
+        assert next(csv.reader(f)) == ["student", "notebook", "score", "max_score", "status", "reason", "late"]
     for r in batch["rows"].values():
         assert r.status in ("ok", "missing", "invalid", "timeout", "error") and r.score <= r.max_score
         if r.status != "ok" or r.score < r.max_score:
