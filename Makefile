@@ -10,6 +10,9 @@
 #   make release regenerate the student notebooks notebooks/NN_topic.ipynb from solutions/ (nbgrader)
 #   make grade SUBMISSIONS=<dir> OUT=<dir>
 #                autograde <dir>/<student>/NN_topic.ipynb into OUT/grades.csv and OUT/feedback/
+#   make student the student edition: _build/student/ and _build/student.zip
+#   make check NB=03_memory
+#                run notebooks/03_memory.ipynb as the grader does (visible tests only)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := book
@@ -31,7 +34,7 @@ PYTEST_ARGS ?=
 # Recipes (and the tools they start, e.g. nbgrader and the notebook kernel) use the venv.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv js book pdf test clean release grade
+.PHONY: venv js book pdf test clean release grade student check
 
 venv: $(STAMP)
 
@@ -42,6 +45,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps -e .
+	$(PY) -m ipykernel install --user --name kv-course --display-name "Python (kv-course)"
 	touch $@
 
 # The pages serve MathJax, require.js and the ipywidgets manager themselves (no CDN, work offline).
@@ -72,10 +76,20 @@ release: $(STAMP)
 	$(PY) -m autograder release
 
 # Autograde a folder of submissions: $(SUBMISSIONS)/<student>/NN_topic.ipynb -> $(OUT)/grades.csv + feedback.
-# Optional: WORKERS=N (default: CPU cores), SHARD=K/N, FORCE=1, GRADE_ARGS="--notebook-timeout 300 ...".
+# Optional: WORKERS=N (default: CPU cores), SHARD=K/N, FORCE=1, FORMAT=canvas|moodle|classroom|folders,
+# ROSTER=roster.csv, MANUAL=review.csv, GRADE_ARGS="--notebook-timeout 300 ...".
 grade: $(STAMP)
 	@test -n "$(SUBMISSIONS)" -a -n "$(OUT)" || { echo "usage: make grade SUBMISSIONS=<dir or .zip> OUT=<dir> [WORKERS=N] [SHARD=K/N] [FORCE=1]" >&2; exit 2; }
-	$(PY) -m autograder grade "$(SUBMISSIONS)" "$(OUT)" $(if $(WORKERS),--workers $(WORKERS)) $(if $(SHARD),--shard $(SHARD)) $(if $(FORCE),--force) $(GRADE_ARGS)
+	$(PY) -m autograder grade "$(SUBMISSIONS)" "$(OUT)" $(if $(WORKERS),--workers $(WORKERS)) $(if $(SHARD),--shard $(SHARD)) $(if $(FORCE),--force) $(if $(FORMAT),--format $(FORMAT)) $(if $(ROSTER),--roster $(ROSTER)) $(if $(MANUAL),--manual $(MANUAL)) $(GRADE_ARGS)
+
+# What a student clones or downloads (no solutions/, no tests/, no hidden tests): see autograder/student.py.
+student: $(STAMP)
+	$(PY) -m autograder student --dest _build/student
+
+# A student's self-check of one notebook: the grader's sandbox and limits, visible tests only.
+check: $(STAMP)
+	@test -n "$(NB)" || { echo "usage: make check NB=03_memory" >&2; exit 2; }
+	$(PY) -m autograder check notebooks/$(NB).ipynb
 
 clean:
 	rm -rf _build

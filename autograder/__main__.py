@@ -3,6 +3,11 @@
     python -m autograder release [--check]
     python -m autograder grade SUBMISSIONS OUT [--workers N] [--shard K/N] [--force] ...
     python -m autograder merge SHARD_OUT_OR_CSV ... -o grades.csv
+    python -m autograder review OUT                  # free-text answers: pages + review.csv
+    python -m autograder feedback-zip OUT            # OUT/feedback.zip for the LMS
+    python -m autograder check notebooks/NN_topic.ipynb   # a student's self-check (visible tests)
+    python -m autograder gradescope NN_topic -o autograder.zip
+    python -m autograder student [--dest _build/student]  # the student edition
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from pathlib import Path
 
 from .batch import Settings
 from .results import STATUSES, merge
-from .commands import NOTEBOOKS, SOLUTIONS, grade, release
+from .commands import COURSE_COMMANDS, NOTEBOOKS, SOLUTIONS, add_course_commands, grade, release
+from .platforms import FORMATS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,12 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--notebook-timeout", type=float, default=600, help="wall-clock seconds per notebook (default 600)")
     g.add_argument("--memory", type=int, default=4096, help="address-space limit of each kernel, MB (default 4096)")
     g.add_argument("--no-sandbox", action="store_true", help="run kernels with resource limits only (no namespaces)")
+    g.add_argument("--format", default="auto", choices=FORMATS, help="export layout (default: recognised)")
+    g.add_argument("--roster", type=Path, default=None, help="roster.csv: id,name,email,lms_id,section")
+    g.add_argument("--manual", type=Path, default=None, help="a filled-in review.csv (see `review`)")
+    g.add_argument("--no-canary", action="store_true", help="skip grading the instructor solution first")
 
     m = sub.add_parser("merge", help="join the grades.csv of several shards")
     m.add_argument("inputs", type=Path, nargs="+", help="grades.csv files or the OUT folders of the shards")
     m.add_argument("-o", "--output", type=Path, required=True)
 
+    add_course_commands(sub)
     args = parser.parse_args(argv)
+    if args.command in COURSE_COMMANDS:
+        return COURSE_COMMANDS[args.command](args)
     if args.command == "release":
         return release(args.solutions, args.dest, check=args.check)
     if args.command == "merge":
@@ -56,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                         memory_mb=args.memory, isolate=not args.no_sandbox)
     names = [s for s in (args.notebooks or "").split(",") if s] or None
     return grade(args.submissions, args.out, solutions=args.solutions, workers=args.workers, settings=settings,
-                 shard=args.shard, force=args.force, notebook_names=names)
+                 shard=args.shard, force=args.force, notebook_names=names, fmt=args.format, roster=args.roster,
+                 manual=args.manual, canary=not args.no_canary)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ import nbformat
 
 from . import notebooks
 from .course import Course, cell_timeout, kernel_environment
-from .intake import Invalid, match_files, preflight, student_folders, unzip
+from .intake import Invalid, match_files, preflight, unzip
 from .results import Row, Say, _stderr, summary, write_csv
 
 VERSION = "2"  # part of the cache key: bump when grading changes meaning
@@ -160,22 +160,69 @@ def isolation_status(settings: Settings, hidden: list[str]) -> tuple[bool, str]:
     return False, f"OFF (user namespaces unavailable: {why}): student code runs with resource limits only"
 
 
+def usage_problem(submissions: Path, out: Path, workers: int | None, shard: str | None) -> str | None:
+    """The one-line usage error for these arguments, or None."""
+    if workers is not None and workers < 1:
+        return f"--workers must be at least 1, got {workers}"
+    try:
+        parse_shard(shard)
+    except ValueError as e:
+        return str(e)
+    if not submissions.exists():
+        return f"{submissions} does not exist (expected a folder or .zip of submissions)"
+    if out.exists() and not out.is_dir():
+        return f"OUT {out} is a file; give a folder (it will hold grades.csv and feedback/)"
+    if submissions.is_dir() and (out == submissions or submissions in out.parents):
+        return f"OUT {out} is inside SUBMISSIONS {submissions}; put the results somewhere else"
+    return None
+
+
+CANARY = "_instructor_solution"
+
+
+def canary_hint(row: Row) -> str:
+    """The grading setting most likely to blame when the instructor's own solution loses points."""
+    why = row.reason
+    if row.status == "timeout" and "per notebook" in why:
+        return "--notebook-timeout (the wall-clock limit per notebook) is too small"
+    if row.status == "timeout" or "CellTimeoutError" in why or "GradingTimeout" in why:
+        return "--cell-timeout (the limit per cell) is too small"
+    if "MemoryError" in why or "kernel died" in why or "memory" in why.lower():
+        return "--memory (the kernel's address-space limit, MB) is too small"
+    return "a setting, or the instructor source itself (grade it alone with `python -m autograder check`)"
+
+
 def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | None = None,
                 settings: Settings | None = None, shard: str | None = None, force: bool = False,
-                notebook_names: list[str] | None = None, say: Say = _stderr) -> int:
-    """Grade a class. Returns 0 when every submission got a row (whatever its status), 1 when OUT
-    cannot be written, 2 on a usage error."""
+                notebook_names: list[str] | None = None, say: Say = _stderr, fmt: str = "auto",
+                roster: Path | None = None, canary: bool = True, manual: Path | None = None) -> int:
+    """Grade a class. Returns 0 when every submission got a row; 1 when OUT cannot be written, there
+    was nothing to grade, every graded row is an ``error``, or the instructor solution (the canary) did
+    not get full marks;
+    2 on a usage error. ``fmt``: the export format (``platforms.FORMATS``); ``roster``: roster.csv;
+    ``manual``: a filled-in review.csv whose points are added (see ``review.py``)."""
+    from . import platforms, review
     from .commands import solution_files
 
     settings = settings or Settings()
     if not settings.cell_timeout:
         settings.cell_timeout = cell_timeout()
+    submissions, out = Path(submissions).resolve(), Path(out).resolve()
+    problem = usage_problem(submissions, out, workers, shard)
+    if problem:
+        say(f"error: {problem}")
+        return 2
     k, n = parse_shard(shard)
     sources = solution_files(solutions)
     if not sources:
         say(f"error: no NN_topic.ipynb notebooks in {solutions}")
         return 2
-    submissions, out = Path(submissions).resolve(), Path(out).resolve()
+    try:
+        people = platforms.read_roster(roster) if roster else None
+        marks = review.read_review(manual) if manual else None
+    except (OSError, ValueError) as e:
+        say(f"error: {e}")
+        return 2
     work = out / ".work"
     try:  # fail here, before any grading, when OUT cannot hold the results
         out.mkdir(parents=True, exist_ok=True)
@@ -187,21 +234,37 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
     if submissions.is_file() and zipfile.is_zipfile(submissions):
         submissions = unzip(submissions, work / "unzipped", say)
     if not submissions.is_dir():
-        say(f"error: {submissions} is not a folder (or .zip) of <student>/<NN_topic>.ipynb")
+        say(f"error: {submissions} is not a folder (or .zip) of submissions")
         return 2
     t0 = time.perf_counter()
-    folders = student_folders(submissions, say)
+    try:
+        intake = platforms.collect(submissions, fmt, work / "intake", say)
+    except ValueError as e:
+        say(f"error: {e}")
+        return 2
+    say(f"format: {intake.format} ({len(intake.students)} student(s))")
+    if people is not None:
+        entries, info = platforms.apply_roster(intake, people)
+    else:
+        entries = intake.students
+        info = {sid: platforms.Student(sid, e.name, "", e.lms_id, "") for sid, e in entries.items()}
     grade_ids = {s: {notebooks.grade_id(c) for c in notebooks.read(p).cells} - {None} for s, p in sources.items()}
-    matched = {student: match_files(folder, sources, grade_ids) for student, folder in folders.items()}
-    for student, (_, ignored) in matched.items():
+    matched = {sid: match_files(e.folder, sources, grade_ids) for sid, e in entries.items()}
+    for sid, (_, ignored) in matched.items():
         for note in ignored:
-            say(f"{student}: {note}")
+            say(f"{sid}: {note}")
     stems = sorted(set(notebook_names or []) or {s for found, _ in matched.values() for s in found})
     unknown = [s for s in stems if s not in sources]
     if unknown:
         say(f"error: no instructor source for {unknown}")
         return 2
-    mine = sorted(s for s in folders if shard_of(s, n) == k)
+    if not stems:
+        say(f"error: nothing to grade: no course notebook found in {submissions} (read as {intake.format}; "
+            f"{len(entries)} student(s)); expected {', '.join(platforms.FORMATS[1:])} exports "
+            f"(see --format) holding {', '.join(sorted(sources))}.ipynb")
+        return 1
+    everyone = sorted(set(entries) | set(info))
+    mine = sorted(s for s in everyone if shard_of(s, n) == k)
     base = work / "course"
     course = Course(base, {s: sources[s] for s in stems})
     releases = {stem: course.generate(stem) for stem in stems}
@@ -216,48 +279,84 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
     threads = max(1, (os.cpu_count() or 1) // workers)
 
     cache_dir, fb_dir = out / ".cache", out / "feedback"
-    rows: list[Row] = []
-    todo = []
-    for student in mine:
-        found = matched[student][0]
-        for stem in stems:
-            if stem not in found:
-                rows.append(Row(student, stem, 0.0, max_points[stem], "missing", f"no {stem}.ipynb handed in"))
-                continue
-            path, note = found[stem]
-            digest = hashlib.sha256(path.read_bytes() + sources[stem].read_bytes()
-                                    + (settings.key() + VERSION).encode()).hexdigest()
-            todo.append((student, stem, path, note, digest))
-    progress = Progress(len(todo) + len(rows), say)
-    for r in rows:
-        progress.step(r)
 
-    def grade_one(item) -> Row:
-        student, stem, path, note, digest = item
+    def grade_one(item, progress=None) -> Row:
+        student, stem, path, note, digest, late = item
         cached = cache_dir / student / f"{stem}.json"
         if not force and cached.is_file():
             c = json.loads(cached.read_text())
-            if c.get("digest") == digest and (c["status"] != "ok" or (fb_dir / student / f"{stem}.html").is_file()):
+            if c.get("digest") == digest and (c["status"] not in ("ok", "needs_review")
+                                              or (fb_dir / student / f"{stem}.html").is_file()):
                 row = Row(**c["row"])
-                progress.step(row, cached=True)
+                row.late = late
+                if progress:
+                    progress.step(row, cached=True)
                 return row
         t = time.perf_counter()
-        row = _grade_one(student, stem, path, note, releases[stem], source_nbs[stem], base, work, fb_dir, settings,
-                         max_points[stem], threads)
-        row.seconds = time.perf_counter() - t
+        row = _grade_one(student, stem, path, note, releases[stem], source_nbs[stem], base, work,
+                         fb_dir if student != CANARY else work / "canary-feedback", settings, max_points[stem], threads)
+        row.seconds, row.late = time.perf_counter() - t, late
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_text(json.dumps({"digest": digest, "status": row.status, "row": dataclasses.asdict(row)}))
-        progress.step(row)
+        if progress:
+            progress.step(row)
         return row
 
+    if canary:
+        checks = []
+        for stem in stems:
+            path = work / "canary" / f"{stem}.ipynb"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(nbformat.writes(notebooks.fill_answers(releases[stem], source_nbs[stem])), encoding="utf-8")
+            digest = hashlib.sha256(sources[stem].read_bytes() + (settings.key() + VERSION).encode()).hexdigest()
+            checks.append((CANARY, stem, path, "", digest, False))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(grade_one, checks))
+        for row in results:
+            auto = notebooks.auto_points(source_nbs[row.notebook])
+            if row.status not in ("ok", "needs_review") or row.score < auto:
+                say(f"error: the instructor solution of {row.notebook} got {row.score:g}/{auto:g} "
+                    f"({row.status}: {row.reason[:300]}) with these settings, so no student was graded; "
+                    f"likely cause: {canary_hint(row)}. (--no-canary skips this check.)")
+                return 1
+        say("canary: the instructor solution of " + ", ".join(stems) + " gets full marks with these settings")
+
+    rows: list[Row] = []
+    todo = []
+    for student in mine:
+        entry = entries.get(student)
+        found, ignored = matched.get(student, ({}, []))
+        late = bool(entry and entry.late)
+        notes = (entry.notes if entry else []) + [i for i in ignored if ".ipynb" in i]
+        for stem in stems:
+            if stem not in found:
+                why = "nothing handed in" if entry is None else f"no {stem}.ipynb handed in"
+                rows.append(Row(student, stem, 0.0, max_points[stem], "missing", "; ".join([why] + notes), late))
+                continue
+            path, note = found[stem]
+            note = "; ".join([n for n in [note] if n] + notes)
+            digest = hashlib.sha256(path.read_bytes() + sources[stem].read_bytes()
+                                    + (settings.key() + VERSION + note).encode()).hexdigest()
+            todo.append((student, stem, path, note, digest, late))
+    progress = Progress(len(todo) + len(rows), say)
+    for r in rows:
+        progress.step(r)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        rows += list(pool.map(grade_one, todo))
+        rows += list(pool.map(lambda item: grade_one(item, progress), todo))
+    if marks is not None:
+        for line in review.apply(rows, marks, fb_dir):
+            say(line)
     write_csv(rows, out / "grades.csv")
+    (out / "students.json").write_text(json.dumps(
+        {sid: dataclasses.asdict(s) for sid, s in info.items() if sid in mine}, indent=1, sort_keys=True))
+    review.save_answers(rows, out)
+    from .gradebook import write_all
+
+    write_all(out, say=say)
     # shard and class (every student of every shard, the notebooks): merge checks completeness against them
-    meta = {"isolation": isolation, "isolated": isolated, "workers": workers, "shard": f"{k}/{n}",
-            "class": {"students": sorted(folders), "notebooks": stems},
-            "settings": dataclasses.asdict(settings), "seconds": time.perf_counter() - t0,
-            "graded": len(todo), "rows": len(rows),
+    meta = {"class": {"students": everyone, "notebooks": stems}, "format": intake.format, "isolation": isolation, "isolated": isolated, "workers": workers,
+            "shard": f"{k}/{n}", "settings": dataclasses.asdict(settings), "seconds": time.perf_counter() - t0,
+            "graded": len(todo), "rows": len(rows), "canary": canary,
             "per_notebook_seconds": {f"{r.student}/{r.notebook}": round(r.seconds, 2) for r in rows if r.seconds}}
     (out / "grading.json").write_text(json.dumps(meta, indent=1))
     if not os.environ.get("KVREF_KEEP_WORK"):  # debugging: keep OUT/.work (job logs, course dirs)
@@ -266,6 +365,13 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
     say(f"isolation: {isolation}")
     say(f"{len(rows)} row(s) ({len(todo)} notebook(s) graded or cached) in {time.perf_counter() - t0:.0f} s "
         f"with {workers} worker(s); wrote {out / 'grades.csv'}")
+    graded = [r for r in rows if r.status != "missing"]
+    if not todo:
+        say(f"error: nothing to grade in this shard ({k}/{n}): every row is `missing`")
+        return 1
+    if graded and all(r.status == "error" for r in graded):
+        say(f"error: every graded notebook ended with status `error` (first reason: {graded[0].reason[:300]})")
+        return 1
     return 0
 
 
@@ -282,15 +388,16 @@ def _grade_one(student, stem, path, note, release, source, base, work, fb_dir, s
         (jobdir / "job.json").write_text(json.dumps({
             "stem": stem, "student": student, "threads": threads, "settings": dataclasses.asdict(settings)}))
         result = run_job(jobdir, settings.notebook_timeout)
-        if result["status"] == "ok":
+        score = float(result.get("score", 0.0))
+        if result["status"] in ("ok", "needs_review"):
             page = jobdir / "feedback.html"
             if page.is_file():
                 dest = fb_dir / student / f"{stem}.html"
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(page, dest)
-        score = float(result.get("score", 0.0))
         return Row(student, stem, score, float(result.get("max_score", max_score)), result["status"],
-                   "; ".join(notes + [r for r in [result.get("reason", "")] if r]))
+                   "; ".join(notes + [r for r in [result.get("reason", "")] if r]),
+                   tests=result.get("tests", []), manual=result.get("manual", {}))
     finally:
         if not os.environ.get("KVREF_KEEP_WORK"):
             shutil.rmtree(jobdir, ignore_errors=True)

@@ -115,6 +115,74 @@ def grade(submissions: Path, out: Path, solutions: Path = SOLUTIONS, workers: in
     current solutions into ``out``/grades.csv (student, notebook, score, max_score, status,
     reason) and ``out``/feedback/<student>/<NN_topic>.html. ``options``: settings (a
     ``batch.Settings``), shard ("K/N"), force, notebook_names; see ``batch.grade_batch``.
-    Returns 0 when every submission has its row, whatever its status; 1 when ``out`` cannot be
-    written; 2 on a usage error."""
-    return grade_batch(submissions, out, solutions, workers=workers or default_workers(), say=say, **options)
+    Returns 0 when every submission has its row; 1 when ``out`` cannot be written, nothing was
+    graded, every row is an error or the canary failed; 2 on a usage error."""
+    return grade_batch(submissions, out, solutions, workers=default_workers() if workers is None else workers,
+                       say=say, **options)
+
+
+# -- the course round trip: review, feedback-zip, check, gradescope, student -------------------------
+
+
+def add_course_commands(sub) -> None:
+    """The subcommands around ``grade`` (see the README's instructor section)."""
+    r = sub.add_parser("review", help="free-text answers: one HTML page per question + OUT/review/review.csv")
+    r.add_argument("out", type=Path)
+    r.add_argument("--solutions", type=Path, default=SOLUTIONS, help=f"instructor sources (default {SOLUTIONS})")
+    z = sub.add_parser("feedback-zip", help="pack OUT/feedback into one zip (a folder per student) for the LMS")
+    z.add_argument("out", type=Path)
+    z.add_argument("-o", "--output", type=Path, default=None, help="default OUT/feedback.zip")
+    c = sub.add_parser("check", help="a student's self-check: run a notebook as the grader does, visible tests only")
+    c.add_argument("notebook", type=Path)
+    c.add_argument("--release", type=Path, default=None,
+                   help="the untouched released notebook whose tests to run (default: the file's own)")
+    c.add_argument("--no-sandbox", action="store_true", help="run the kernel with resource limits only")
+    gs = sub.add_parser("gradescope", help="build a Gradescope autograder zip for one notebook")
+    gs.add_argument("stem", help="NN_topic")
+    gs.add_argument("-o", "--output", type=Path, required=True)
+    gs.add_argument("--solutions", type=Path, default=SOLUTIONS, help=f"instructor sources (default {SOLUTIONS})")
+    run = sub.add_parser("gradescope-run", help="(inside Gradescope) grade ROOT/submission into ROOT/results")
+    run.add_argument("--root", type=Path, default=Path(os.environ.get("AUTOGRADER_ROOT", "/autograder")))
+    s = sub.add_parser("student", help="the student edition: _build/student/ and _build/student.zip")
+    s.add_argument("--dest", type=Path, default=ROOT / "_build" / "student")
+
+
+def _review(args) -> int:
+    from .review import review
+
+    return review(args.out, args.solutions)
+
+
+def _feedback_zip(args) -> int:
+    from .gradebook import feedback_zip
+
+    return feedback_zip(args.out, args.output)
+
+
+def _check(args) -> int:
+    from .batch import Settings
+    from .check import check
+
+    return check(args.notebook, args.release, Settings(isolate=not args.no_sandbox))
+
+
+def _gradescope(args) -> int:
+    from .gradescope import build
+
+    return build(args.stem, args.output, args.solutions)
+
+
+def _gradescope_run(args) -> int:
+    from .gradescope import run
+
+    return run(args.root)
+
+
+def _student(args) -> int:
+    from .student import build_edition
+
+    return build_edition(args.dest)
+
+
+COURSE_COMMANDS = {"review": _review, "feedback-zip": _feedback_zip, "check": _check, "gradescope": _gradescope,
+                   "gradescope-run": _gradescope_run, "student": _student}

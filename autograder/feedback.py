@@ -14,6 +14,44 @@ import nbformat
 from . import notebooks
 
 MAX_FEEDBACK_OUTPUT = 20_000  # characters of one output shown in a feedback page
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+CELL_FRAME = re.compile(r"Cell In\[\d*\], line (\d+)")
+
+
+def failing_line(traceback: list[str]) -> int | None:
+    """The line of the cell itself where an error was raised: the first ``Cell In[n], line L``
+    frame of IPython's traceback is the cell that ran (later ones are functions it called)."""
+    for entry in traceback:
+        m = CELL_FRAME.search(ANSI.sub("", entry))
+        if m:
+            return int(m[1])
+    return None
+
+
+def hidden_lines(source: str) -> set[int]:
+    """1-based numbers of the lines of ``source`` inside hidden-test regions (markers included)."""
+    out, inside = set(), False
+    for i, line in enumerate(source.split("\n"), start=1):
+        if notebooks.HIDDEN[0] in line:
+            inside = True
+        if inside:
+            out.add(i)
+        if notebooks.HIDDEN[1] in line:
+            inside = False
+    return out
+
+
+def error_summary(out, full_source: str, hidden: bool) -> list[str]:
+    """What a student may see of an error in a test cell: a visible assert's message and line,
+    or only the message of a hidden one."""
+    head = f"{out.ename}: {out.evalue}"
+    line = failing_line(out.traceback)
+    lines = full_source.split("\n")
+    if line is not None and line not in hidden_lines(full_source) and 0 < line <= len(lines):
+        return [head, f"(a visible test failed at line {line}: {lines[line - 1].strip()})"]
+    if hidden:
+        return [head + "  (a hidden test failed; its code is not shown)"]
+    return [head]
 
 
 def redact(graded: nbformat.NotebookNode, release: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -23,7 +61,7 @@ def redact(graded: nbformat.NotebookNode, release: nbformat.NotebookNode) -> nbf
     released = notebooks.cells_by_id(release)
     for cell in graded.cells:
         gid = notebooks.grade_id(cell)
-        hidden = False
+        hidden, full = False, cell.source
         if gid in released and (notebooks.meta(released[gid]).get("locked") or notebooks.is_test(released[gid])):
             hidden = cell.source != released[gid].source
             cell.source = released[gid].source
@@ -34,7 +72,7 @@ def redact(graded: nbformat.NotebookNode, release: nbformat.NotebookNode) -> nbf
                     hidden, cell.source = True, "\n".join(outside)
         for out in cell.get("outputs", []):
             if out.output_type == "error" and hidden:
-                out.traceback = [f"{out.ename}: {out.evalue}  (a hidden test failed; its code is not shown)"]
+                out.traceback = error_summary(out, full, hidden)
             elif out.output_type == "error" and len(out.traceback) > 60:
                 out.traceback = out.traceback[:10] + ["..."] + out.traceback[-20:]
             elif out.output_type == "stream" and len(out.text) > MAX_FEEDBACK_OUTPUT:

@@ -76,14 +76,16 @@ def match_files(folder: Path, stems: Iterable[str], grade_ids: dict[str, set[str
 
     Exact names first; then a renamed file is matched by name (``03_memory (1).ipynb``,
     ``03-Memory.ipynb``, ``alice_03_memory.ipynb``) or, failing that, by its content (the grade
-    ids of its cells)."""
+    ids of its cells). Only files at the top of the folder or under notebooks/ count
+    (``platforms.ANSWER_PLACES``): a notebook under solutions/ or tests/ is never the answer."""
+    from .platforms import candidate_files
+
     stems = sorted(stems)
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.relative_to(folder).parts))
+    files, ignored = candidate_files(folder)
     found: dict[str, tuple[Path, str]] = {}
     for p in files:
-        if p.parent == folder and p.suffix == ".ipynb" and p.stem in stems:
-            found[p.stem] = (p, "")
-    ignored = []
+        if p.suffix == ".ipynb" and p.stem in stems and p.stem not in found:
+            found[p.stem] = (p, "" if p.parent == folder else f"graded {p.relative_to(folder)}")
     for p in files:
         if any(p == f for f, _ in found.values()):
             continue

@@ -19,7 +19,7 @@ from pathlib import Path
 from traitlets.config import Config
 
 from . import notebooks, sandbox
-from .feedback import feedback_html, redact
+from .feedback import ANSI as feedback_ANSI, feedback_html, redact
 from .course import ROOT, Course, kernel_environment
 
 OUTPUT_CAP = 2_000_000  # characters a kernel may print to stdout and to stderr, each
@@ -61,11 +61,41 @@ def lost_points(nb, cells: dict[str, tuple[float, float]], limit: int = 140) -> 
             if o.output_type == "stream" and o.name == "stderr":
                 why = "wrote to stderr: " + o.text.strip().splitlines()[0] if o.text.strip() else "wrote to stderr"
         else:
+            if cell is not None and notebooks.is_manual(cell) and cell.source.strip() not in ("", "YOUR ANSWER HERE"):
+                continue  # a free-text answer: a person gives its points (status needs_review)
             if cell is not None and notebooks.is_answer(cell):
                 why = "answer not given"
         why = " ".join(why.split())
         out.append(f"{gid} {s:g}/{m:g} ({why[:limit]})")
     return out
+
+
+def test_results(redacted, release, cells: dict[str, tuple[float, float]]) -> tuple[list[dict], dict]:
+    """Per graded cell, in notebook order, what the student may see: {name, score, max_score,
+    output} (the error message, hidden test code already taken out by ``redact``); and the
+    free-text answers given, {grade_id: {max_score, answer}}, which wait for a person."""
+    released = notebooks.cells_by_id(release)
+    tests, manual = [], {}
+    for cell in redacted.cells:
+        gid = notebooks.grade_id(cell)
+        if gid not in cells:
+            continue
+        score, top = cells[gid]
+        if notebooks.is_manual(cell):
+            given = gid in released and cell.source.strip() != released[gid].source.strip() and cell.source.strip()
+            if given:
+                manual[gid] = {"max_score": top, "answer": cell.source}
+            tests.append({"name": gid, "score": score, "max_score": top, "manual": True,
+                          "output": "waits for review" if given else "answer not given"})
+            continue
+        lines = []
+        for o in cell.get("outputs", []):
+            if o.output_type == "error":
+                lines += [feedback_ANSI.sub("", t) for t in o.traceback]
+            elif o.output_type == "stream" and o.name == "stderr" and score < top:
+                lines.append("wrote to stderr: " + o.text.strip())
+        tests.append({"name": gid, "score": score, "max_score": top, "output": "\n".join(lines).strip()})
+    return tests, manual
 
 
 def other_errors(nb, limit: int = 100) -> list[str]:
@@ -152,7 +182,13 @@ def main(jobdir: Path) -> int:
             out = {"status": "ok", "score": scores.score, "max_score": scores.max_score, "reason": reason,
                    "cells": cells}
             release = notebooks.read(course.release_path(stem))
-            page = feedback_html(redact(graded, release), cells, f"{stem} — {student}")
+            redacted = redact(graded, release)
+            out["tests"], out["manual"] = test_results(redacted, release, cells)
+            if out["manual"]:
+                out["status"] = "needs_review"
+                out["reason"] = "; ".join([f"free-text answer(s) {', '.join(out['manual'])} wait for review"]
+                                          + [r for r in [reason] if r])
+            page = feedback_html(redacted, cells, f"{stem} — {student}")
             (jobdir / "feedback.html").write_text(page, encoding="utf-8")
         (jobdir / "result.json").write_text(json.dumps(out))
         return 0

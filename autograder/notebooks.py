@@ -87,6 +87,17 @@ def max_points(nb: NotebookNode) -> float:
     return float(sum(meta(c).get("points", 0) for c in nb.cells if meta(c).get("grade") or meta(c).get("task")))
 
 
+def is_manual(cell: NotebookNode) -> bool:
+    """A free-text answer: an answer cell that carries points. nbgrader leaves its score to a person."""
+    m = meta(cell)
+    return bool(m.get("grade") and m.get("solution"))
+
+
+def auto_points(nb: NotebookNode) -> float:
+    """The points the tests give (``max_points`` less the free-text answers a person grades)."""
+    return max_points(nb) - float(sum(meta(c).get("points", 0) for c in nb.cells if is_manual(c)))
+
+
 def cells_by_id(nb: NotebookNode) -> dict[str, NotebookNode]:
     return {grade_id(c): c for c in nb.cells if grade_id(c)}
 

@@ -18,8 +18,10 @@ STATUSES = {
     "timeout": "stopped: a cell ignored the interrupt after the per-cell limit, or the notebook ran past the "
                "per-notebook wall-clock limit",
     "error": "nbgrader could not grade it (for example the kernel died); see the reason",
+    "needs_review": "graded automatically; free-text answers wait for a person (`review`, then `grade --manual`): "
+                    "the score holds the automatic points so far",
 }
-CSV_FIELDS = ["student", "notebook", "score", "max_score", "status", "reason"]
+CSV_FIELDS = ["student", "notebook", "score", "max_score", "status", "reason", "late"]
 
 Say = Callable[[str], None]
 
@@ -36,7 +38,10 @@ class Row:
     max_score: float
     status: str = "ok"
     reason: str = ""
+    late: bool = False
     seconds: float = 0.0  # not in the CSV
+    tests: list = dataclasses.field(default_factory=list)  # [{name, score, max_score, output}], not in the CSV
+    manual: dict = dataclasses.field(default_factory=dict)  # {grade_id: {max_score, answer}}, not in the CSV
 
 
 
@@ -47,14 +52,14 @@ def write_csv(rows: list[Row], path: Path) -> None:
         w.writerow(CSV_FIELDS)
         for r in sorted(rows, key=lambda r: (r.student, r.notebook)):
             w.writerow([r.student, r.notebook, f"{r.score:g}", f"{r.max_score:g}", r.status,
-                        " ".join(r.reason.split())])
+                        " ".join(r.reason.split()), "late" if r.late else ""])
     os.replace(tmp, path)
 
 
 def read_csv(path: Path) -> list[Row]:
     with open(path, newline="", encoding="utf-8") as f:
         return [Row(r["student"], r["notebook"], float(r["score"]), float(r["max_score"]), r.get("status") or "ok",
-                    r.get("reason") or "") for r in csv.DictReader(f)]
+                    r.get("reason") or "", (r.get("late") or "") == "late") for r in csv.DictReader(f)]
 
 
 def summary(rows: list[Row]) -> str:

@@ -303,6 +303,9 @@ def readonly_paths(root: Path) -> list[str]:
     """What a kernel needs to see: the Python installation and virtual environment, and kvref."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).resolve().parent.parent),
              str(Path(root) / "kvref")}
+    # Package folders added to the path by a .pth file or a --user install (never a source tree:
+    # PYTHONPATH may hold the course repository, which the kernel must not see).
+    paths |= {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")}
     return sorted(p for p in paths if p and os.path.exists(p) and p != "/")
 
 

@@ -129,14 +129,37 @@ def assert_close(actual, expected, atol: float = 1e-5, rtol: float = 0.0, what: 
                              f"exceeds the tolerance {atol:g} (+ {rtol:g} relative)")
 
 
+def _describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, limit: int = 5) -> str:
+    """Where two tensors of one shape differ: how many elements, the first few indices with both
+    values (as ``torch.testing`` reports it)."""
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if a.dtype != e.dtype:
+        common = torch.promote_types(a.dtype, e.dtype)
+        a, e = a.to(common), e.to(common)
+    differ = a != e  # NaN differs from everything, as torch.equal has it
+    where = differ.nonzero()
+    count, total = int(where.shape[0]), differ.numel()
+    parts = []
+    for idx in where[:limit].tolist():
+        i = tuple(idx)
+        parts.append(f"at index {i}: got {a[i].item()!r}, expected {e[i].item()!r}")
+    more = f" (and {count - limit} more)" if count > limit else ""
+    return f"{count} of {total} elements differ ({100 * count / max(total, 1):.1f}%); first " + "; ".join(parts) + more
+
+
 def assert_equal(actual, expected, what: str = "value") -> None:
-    """Exact equality for tokens, counts, shapes and plain numbers."""
+    """Exact equality for tokens, counts, shapes and plain numbers. For tensors the message says
+    where they differ: how many elements, the first differing indices, both values there."""
     if isinstance(expected, torch.Tensor):
-        if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or not torch.equal(
-                actual.cpu(), expected.cpu()):
-            shown = tuple(actual.shape) if isinstance(actual, torch.Tensor) else type(actual).__name__
-            raise AssertionError(f"{what}: differs from the expected tensor of shape {tuple(expected.shape)} "
-                                 f"(got {shown})")
+        if not isinstance(actual, torch.Tensor):
+            raise AssertionError(f"{what}: expected a torch.Tensor of shape {tuple(expected.shape)}, "
+                                 f"got {type(actual).__name__}")
+        if tuple(actual.shape) != tuple(expected.shape):
+            raise AssertionError(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+        if not torch.equal(actual.detach().cpu().to(torch.promote_types(actual.dtype, expected.dtype)),
+                           expected.detach().cpu().to(torch.promote_types(actual.dtype, expected.dtype))):
+            raise AssertionError(f"{what}: differs from the expected tensor of shape {tuple(expected.shape)}: "
+                                 f"{_describe_mismatch(actual, expected)}")
     elif actual != expected:
         raise AssertionError(f"{what}: got {actual!r}, expected {expected!r}")
 

@@ -236,7 +236,7 @@ def batch(tmp_path_factory):
         lines: list[str] = []
         t0 = time.perf_counter()
         status = grade_batch(subs, out, solutions, workers=2, settings=Settings(**SETTINGS),
-                             notebook_names=[STEM, REAL], say=lines.append)
+                             notebook_names=[STEM, REAL], say=lines.append, canary=False)  # canary: test_course_loop
         seconds = time.perf_counter() - t0
         time.sleep(1.5)  # a connection attempt still in flight would land by now
     finally:
@@ -269,7 +269,7 @@ def test_batch_completes_with_a_row_for_everyone(batch):
     assert {s for s, _ in batch["rows"]} == students
     assert len(batch["rows"]) == 2 * len(students)  # every student x both notebooks
     with open(batch["out"] / "grades.csv", newline="") as f:
-        assert next(csv.reader(f)) == ["student", "notebook", "score", "max_score", "status", "reason"]
+        assert next(csv.reader(f)) == ["student", "notebook", "score", "max_score", "status", "reason", "late"]
     for r in batch["rows"].values():
         assert r.status in ("ok", "missing", "invalid", "timeout", "error") and r.score <= r.max_score
         if r.status != "ok" or r.score < r.max_score:
@@ -380,7 +380,7 @@ def test_rerun_is_cached_and_force_regrades(batch, tmp_path):
     shutil.copytree(out, first)
     t0 = time.perf_counter()
     assert grade_batch(subs, first, batch["solutions"], workers=2, settings=Settings(**SETTINGS),
-                       notebook_names=[STEM], say=lines.append) == 0
+                       notebook_names=[STEM], say=lines.append, canary=False) == 0
     assert time.perf_counter() - t0 < 30
     assert "(cached)" in "\n".join(lines)
     rows = {(r.student, r.notebook): r for r in read_csv(first / "grades.csv")}
@@ -413,7 +413,7 @@ def test_zip_export_and_cli_shard(batch, tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "autograder", "grade", str(archive), str(out), "--solutions",
            str(batch["solutions"]), "--notebooks", STEM, "--shard", "1/1", "--cell-timeout", "15",
-           "--notebook-timeout", "50", "--memory", "1536", "--workers", "2"]
+           "--notebook-timeout", "50", "--memory", "1536", "--workers", "2", "--no-canary"]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -429,7 +429,7 @@ def test_fallback_without_namespaces_is_reported(batch, tmp_path, monkeypatch):
     shutil.copytree(batch["subs"] / "good", subs / "good")
     lines: list[str] = []
     assert grade_batch(subs, tmp_path / "out", batch["solutions"], workers=1, settings=Settings(**SETTINGS),
-                       notebook_names=[STEM], say=lines.append) == 0
+                       notebook_names=[STEM], say=lines.append, canary=False) == 0
     meta = json.loads((tmp_path / "out" / "grading.json").read_text())
     assert meta["isolated"] is False and "OFF" in meta["isolation"]
     assert any(l.startswith("isolation: OFF") for l in lines), lines
@@ -441,7 +441,7 @@ def test_wall_clock_limit_per_notebook(batch, tmp_path):
     shutil.copytree(batch["subs"] / "good", subs / "good")
     settings = Settings(**dict(SETTINGS, notebook_timeout=1))
     assert grade_batch(subs, tmp_path / "out", batch["solutions"], workers=1, settings=settings,
-                       notebook_names=[STEM], say=lambda m: None) == 0
+                       notebook_names=[STEM], say=lambda m: None, canary=False) == 0
     r = read_csv(tmp_path / "out" / "grades.csv")[0]
     assert (r.status, r.score) == ("timeout", 0) and "limit per notebook" in r.reason, r
 

@@ -60,10 +60,31 @@ def test_assert_equal():
     grading.assert_equal(3, 3)
     with pytest.raises(AssertionError, match="tokens: differs"):
         grading.assert_equal(torch.tensor([1, 3]), torch.tensor([1, 2]), what="tokens")
-    with pytest.raises(AssertionError, match=r"tokens: differs .* \(got list\)"):
+    with pytest.raises(AssertionError, match=r"tokens: expected a torch.Tensor of shape \(2,\), got list"):
         grading.assert_equal([1, 2], torch.tensor([1, 2]), what="tokens")
     with pytest.raises(AssertionError, match="rows: got 7, expected 8"):
         grading.assert_equal(7, 8, what="rows")
+    with pytest.raises(AssertionError, match=r"shape \(1, 2\), expected \(2,\)"):
+        grading.assert_equal(torch.tensor([[1, 2]]), torch.tensor([1, 2]))
+
+
+def test_assert_equal_says_where_tensors_differ():
+    """Like torch.testing: how many elements differ, the first differing index, both values there."""
+    expected = torch.arange(24).reshape(2, 3, 4)
+    got = expected.clone()
+    got[1, 2, 3] = -1  # the last element, so "first" must be found by position, not by chance
+    got[0, 1, 0] = 99
+    with pytest.raises(AssertionError) as e:
+        grading.assert_equal(got, expected, what="tokens")
+    msg = str(e.value)
+    assert "2 of 24 elements differ" in msg, msg
+    assert "first at index (0, 1, 0): got 99, expected 4" in msg, msg
+    assert "at index (1, 2, 3): got -1, expected 23" in msg, msg
+    many = torch.zeros(100, dtype=torch.long)
+    with pytest.raises(AssertionError, match=r"100 of 100 elements differ .*\(and 95 more\)"):
+        grading.assert_equal(many + 1, many)
+    with pytest.raises(AssertionError, match="differ"):  # NaN is never equal, as in torch.equal
+        grading.assert_equal(torch.tensor([float("nan")]), torch.tensor([float("nan")]))
 
 
 # -- RowCounter ---------------------------------------------------------------------------------

@@ -196,3 +196,20 @@ def test_book_builds(built_book):
     assert "Same tokens with and without the cache: True" in page
     assert re.search(r"K/V rows computed per layer without the cache: \d+", page)
     assert "Traceback" not in page
+
+
+def test_pyproject_dependencies_match_the_pins():
+    """pip install . must get what kvref imports, at the versions requirements.txt pins: an open
+    torch range resolves to the newest torch, a multi-GB CUDA build on Linux."""
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    got = {}
+    for d in deps:
+        m = PIN_RE.match(d)
+        assert m, f"pyproject dependency {d!r} is not an exact pin"
+        got[normalise(m.group(1))] = m.group(2)
+    assert {"torch", "numpy", "safetensors", "tqdm"} <= set(got), got
+    p = pins()
+    assert {k: v for k, v in got.items() if p.get(k) != v} == {}, "pyproject pins differ from requirements.txt"
+    assert "jupyterlab" in p, "JupyterLab is the students' tool: pin it in requirements.txt"
