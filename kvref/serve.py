@@ -17,6 +17,10 @@ A request's state is just ``tokens = prompt + output`` and ``computed`` (tokens 
 cached): it needs ``len(tokens) - computed`` more tokens fed, more than one while it prefills, one
 while it decodes. Decodes and prefill chunks run as two forwards per step (one of width 1, one
 left-padded to the longest chunk) so decode rows are not padded to prefill width.
+
+``Engine(..., batching="static")`` is the baseline that continuous batching replaced: a new batch
+(up to ``max_running`` requests) is admitted only when every request of the running one has finished.
+Every step records what it scheduled: ``StepStats.fed`` lists (request, tokens fed, phase).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterable
+from typing import Callable, Hashable, Iterable, NamedTuple
 
 import torch
 
@@ -72,6 +76,17 @@ class RequestState:
         return (self.token_s[-1] - self.token_s[0]) / (n - 1) if n > 1 else None
 
 
+class Fed(NamedTuple):
+    """What one request was fed in one step."""
+
+    rid: Hashable
+    tokens: int
+    phase: str  # "decode": its newest output token, alone; "prefill": a chunk of prompt (+ output, on recompute)
+
+
+BATCHING = ("continuous", "static")
+
+
 @dataclass
 class StepStats:
     step: int
@@ -83,6 +98,7 @@ class StepStats:
     slots_used: int  # slots holding a token (the rest of blocks_used * block_size is reserved, unused)
     preempted: int
     time_s: float
+    fed: list[Fed] = field(default_factory=list)  # in the order the scheduler planned them
 
     @property
     def tokens(self) -> int:
@@ -94,14 +110,18 @@ class Engine:
 
     ``clock`` times latencies: wall time by default; ``time.process_time`` counts only this
     process's CPU time, which a busy shared machine disturbs far less (use it with 1 thread).
+    ``batching="static"`` admits waiting requests only while nothing runs (see the module docstring).
     """
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int = 16, token_budget: int = 256,
                  max_running: int | None = None, prefix_caching: bool = False,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, batching: str = "continuous") -> None:
         if token_budget < 1 or (max_running is not None and max_running < 1):
             raise ValueError(f"token_budget and max_running must be >= 1; got {token_budget}, {max_running}")
+        if batching not in BATCHING:
+            raise ValueError(f"batching must be one of {BATCHING}; got {batching!r}")
         self.model, self.budget, self.max_running, self.clock = model, token_budget, max_running, clock
+        self.batching = batching
         self.cache = PagedKVCache(model.cfg, num_blocks, block_size, dtype=model.dtype, device=model.device,
                                   prefix_caching=prefix_caching)
         self.states: dict[Hashable, RequestState] = {}
@@ -153,6 +173,8 @@ class Engine:
             s.arrival_s = t0
             self.waiting.append(s)
         plan, preempted = self._schedule()
+        fed = [Fed(s.req.rid, n, "decode" if n == 1 and s.output and s.computed == len(s.tokens) - 1 else "prefill")
+               for s, n in plan]  # before the forwards move s.computed on
         for rows in ([p for p in plan if p[1] == 1], [p for p in plan if p[1] > 1]):  # decodes, then prefills
             if rows:
                 self._forward(rows)
@@ -160,7 +182,7 @@ class Engine:
             step=self.step_no, prefill_tokens=sum(n for _, n in plan if n > 1),
             decode_tokens=sum(n for _, n in plan if n == 1), running=len(self.running), waiting=len(self.waiting),
             blocks_used=self.cache.pool.num_used, slots_used=self.cache.tokens_stored(), preempted=preempted,
-            time_s=self.clock() - t0)
+            time_s=self.clock() - t0, fed=fed)
         self.steps.append(stats)
         self.step_no += 1
         return stats
@@ -182,7 +204,8 @@ class Engine:
                 break
             plan.append((s, n))
             claimed, budget, i = claimed + need, budget - n, i + 1
-        while self.waiting and budget > 0 and len(self.running) < (self.max_running or 1 << 30):
+        admit = self.batching == "continuous" or not self.running  # static: only between batches
+        while admit and self.waiting and budget > 0 and len(self.running) < (self.max_running or 1 << 30):
             s = self.waiting[0]
             cached = cache.add_sequence(s.req.rid, s.tokens)  # with prefix caching: takes cached blocks
             n = min(len(s.tokens) - cached, budget)
