@@ -2,18 +2,22 @@
 
 Instead of compressing every K/V (``quant.py``), these caches change *what is remembered*:
 
-* ``SlidingWindowCache(window)``: only the W newest tokens, in a ring buffer (Mistral's
-  sliding-window attention). Exact: its logits equal full attention under a sliding-window mask.
-* ``SinkCache(sinks, window)``: the first S tokens ("attention sinks", which soak up attention
+* ``SlidingWindowCache(window)``: only the W newest tokens, in a ring buffer written in place
+  (sliding-window attention, as Mistral-7B v0.1 was trained with). Exact: its logits equal those
+  of the same model with a sliding-window mask in every layer.
+* ``SinkCache(sinks, window)``: the first few tokens ("attention sinks", which soak up attention
   whatever they say) plus the W newest (StreamingLLM, Xiao et al., 2023).
 * ``H2OCache(heavy, recent)``: the ``recent`` newest tokens plus the ``heavy`` tokens that have
-  received the most attention so far, chosen per K/V head (H2O, Zhang et al., 2023).
+  received the most attention so far, chosen per sequence and K/V head (H2O, Zhang et al., 2023;
+  the reference code sums the scores over the batch instead).
 
 The price is long-range memory: a fact that falls out of the budget is gone for good.
 
-Keys are cached after RoPE, so every kept key keeps its true position; slots are returned oldest
-first. Sinks and H2O hold ``budget`` tokens between forward calls; a call's queries see those plus
-the call's own new tokens (causally), and eviction happens after the call, in ``advance``.
+Keys are cached after their position is applied (RoPE, or GPT-2's learned position embedding
+added before the K projection), so every kept key keeps its true position. Sinks and H2O return
+their slots oldest first; they hold ``budget`` tokens between forward calls, a call's queries see
+those plus the call's own new tokens (causally), and eviction happens after the call, in
+``advance``. The window's decode step hands attention its ring in slot order (see the class).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import DynamicCache
+from .config import ModelConfig
 
 
 class BudgetError(ValueError):
@@ -37,42 +42,80 @@ def _positive(name: str, value) -> int:
 
 
 class SlidingWindowCache(DynamicCache):
-    """The W newest tokens in a ring buffer: slot ``pos % W`` holds the token of position ``pos``.
+    """The W newest tokens in a ring buffer: slot ``t % W`` holds the t-th token appended.
 
-    ``update`` returns the held tokens in chronological order followed by the new ones, and sets
-    ``window`` so the model's mask lets each query see only its W most recent keys (itself included).
-    ``self.k``/``self.v`` hold per layer a (B, H_kv, W, D) ring buffer, allocated once, never grown
-    (``nbytes`` and ``reset`` are DynamicCache's).
+    Per layer, K and V each get one (B, H_kv, W, D) buffer, allocated on the first call and only
+    ever written in place (its ``data_ptr`` never changes; ``nbytes`` and ``reset`` are
+    DynamicCache's). A query sees its W newest keys, itself included, so of the W tokens in a
+    full ring the oldest is dead: no later query can see it, and its slot is where the next
+    token goes. ``length``, the held keys the next query may see, therefore stops at W - 1.
+
+    Two ways through ``update``:
+
+    * a decode step (one new token per row, no padding held): write the new row into its slot,
+      then hand attention the ring itself, a view with the slots in ring order. Every key in it
+      is inside the window and carries its position (rotated by RoPE, or computed from a hidden
+      state that already had GPT-2's learned position added), so the order does not matter and
+      the model needs no mask: one row written per layer and tensor, nothing copied.
+    * anything else (a prompt, a chunk of several tokens, left padding still in the window): the
+      queries of one call need different keys, and the model builds that mask in time order, so
+      the held keys are gathered oldest first and the new ones appended (a copy of the window),
+      then the newest new rows are written into the ring. A call of more than W tokens keeps
+      only its last W: that is the window's contract, not a silent cut.
     """
 
     def __init__(self, window: int) -> None:
         super().__init__()
         self.window = _positive("window", window)
+        self.visible = max(self.window - 1, 1)  # held keys a new query can see (W = 1: kept as one)
+        self._all_real = True  # no held slot is padding (the decode path needs that)
 
-    def _order(self, device: torch.device) -> torch.Tensor:
-        """Ring slots of the held tokens, oldest first."""
-        held = min(self.seen, self.window)
-        return (torch.arange(self.seen - held, self.seen, device=device)) % self.window
+    def check(self, cfg: ModelConfig, batch: int, new_tokens: int, dtype: torch.dtype,
+              device: torch.device) -> None:
+        trained = cfg.sliding_window
+        if trained is not None and self.window > trained:
+            # The model masks with the cache's window: a wider one shows keys it never saw in training.
+            raise BudgetError(
+                f"this model attends to its {trained} newest tokens (cfg.sliding_window); a window cache of "
+                f"{self.window} would let it see further than it was trained to. Use a window <= {trained} "
+                f"(= {trained} is exact)"
+            )
+        super().check(cfg, batch, new_tokens, dtype, device)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, H_kv, T, D = k.shape
         W = self.window
-        if layer == len(self.k):
+        if layer == len(self.k):  # first call for this layer: the ring, once
             self.k.append(torch.zeros(B, H_kv, W, D, dtype=k.dtype, device=k.device))
             self.v.append(torch.zeros(B, H_kv, W, D, dtype=v.dtype, device=v.device))
-        order = self._order(k.device)
-        k_all = torch.cat([self.k[layer][:, :, order], k], dim=2)  # (B, H_kv, held + T, D) chronological
-        v_all = torch.cat([self.v[layer][:, :, order], v], dim=2)
-        keep = min(T, W)  # only the W newest of the new tokens survive this call
+        ring_k, ring_v = self.k[layer], self.v[layer]  # (B, H_kv, W, D)
+        if T == 1 and W > 1 and self._all_real:
+            slot = self.seen % W  # the dead token's slot (or a free one while the ring fills)
+            ring_k[:, :, slot] = k[:, :, 0]  # one row, in place
+            ring_v[:, :, slot] = v[:, :, 0]
+            n = min(self.seen + 1, W)  # slots filled, the new one included
+            return ring_k[:, :, :n], ring_v[:, :, :n]  # (B, H_kv, n, D) views, ring order
+        held = self.length  # the last `held` tokens appended, oldest first:
+        k_all, v_all = k, v  # a first prompt: nothing held, nothing to copy
+        if held:
+            order = torch.arange(self.seen - held, self.seen, device=k.device) % W
+            k_all = torch.cat([ring_k[:, :, order], k], dim=2)  # (B, H_kv, held + T, D) copies
+            v_all = torch.cat([ring_v[:, :, order], v], dim=2)
+        keep = min(T, W)  # only the W newest of the new tokens stay in the ring
         slots = torch.arange(self.seen + T - keep, self.seen + T, device=k.device) % W
-        self.k[layer][:, :, slots] = k[:, :, T - keep:]
-        self.v[layer][:, :, slots] = v[:, :, T - keep:]
+        ring_k[:, :, slots] = k[:, :, T - keep:]
+        ring_v[:, :, slots] = v[:, :, T - keep:]
         return k_all, v_all
 
     def advance(self, real: torch.Tensor) -> None:
         super().advance(real)
-        self.length = min(self.length, self.window)
-        self.real = self.real[:, -self.window:]  # (B, held) chronological, like the K/V handed out
+        self.length = min(self.length, self.visible)
+        self.real = self.real[:, self.real.shape[1] - self.length:]  # (B, length), oldest first
+        self._all_real = bool(self.real.all())
+
+    def reset(self) -> None:
+        super().reset()
+        self._all_real = True
 
 
 class _EvictingCache(DynamicCache):
