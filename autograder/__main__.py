@@ -3,6 +3,7 @@
     python -m autograder release [--check]
     python -m autograder grade SUBMISSIONS OUT [--workers N] [--shard K/N] [--force] ...
     python -m autograder merge SHARD_OUT_OR_CSV ... -o grades.csv
+    python -m autograder mutants [NN_topic ...] [--check N] [--json OUT]
 """
 
 from __future__ import annotations
@@ -47,7 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("inputs", type=Path, nargs="+", help="grades.csv files or the OUT folders of the shards")
     m.add_argument("-o", "--output", type=Path, required=True)
 
+    mu = sub.add_parser("mutants", help="mutation score of each chapter's tests (see autograder/mutation.py)")
+    mu.add_argument("stems", nargs="*", help="chapters, e.g. 04_gqa (default: all)")
+    mu.add_argument("--solutions", type=Path, default=SOLUTIONS, help=f"instructor sources (default {SOLUTIONS})")
+    mu.add_argument("--check", type=int, default=0, metavar="N", help="also grade N mutants per chapter through nbgrader")
+    mu.add_argument("--timeout", type=float, default=300, help="seconds per mutant run (default 300)")
+    mu.add_argument("--json", type=Path, default=None, help="write every verdict to this file")
+
     args = parser.parse_args(argv)
+    if args.command == "mutants":
+        from .mutation import run as run_mutants
+        return run_mutants(args.stems, args.solutions, check=args.check, timeout=args.timeout, json_out=args.json)
     if args.command == "release":
         return release(args.solutions, args.dest, check=args.check)
     if args.command == "merge":
