@@ -202,6 +202,43 @@ def grade_mutants(source_nb, mutants: list[tuple[int, Mutant]], timeout: float =
     return verdicts
 
 
+def grade_cells(source_nb, tests: set[str] | None = None, timeout: float = 300) -> dict[str, bool]:
+    """{grade_id: passed} for the test cells of a notebook (all, or only ``tests``; the others are
+    skipped), every cell run in order in a forked child, as the autograder runs them."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.environ["OMP_NUM_THREADS"] = "1"
+            import torch  # noqa: PLC0415
+            torch.set_num_threads(1)
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            passed = {}
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+                for cell in source_nb.cells:
+                    if cell.cell_type != "code":
+                        continue
+                    if nbs.is_test(cell):
+                        if tests is None or nbs.grade_id(cell) in tests:
+                            passed[nbs.grade_id(cell)] = _run_cell(cell.source, main.__dict__, True) is None
+                    else:
+                        _run_cell(cell.source, main.__dict__, False)
+            os.write(w, json.dumps({"failed": None, "passed": passed}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        res = _wait(pid, r, timeout)
+    finally:
+        os.close(r)
+    if "passed" not in res:
+        raise RuntimeError(f"the run did not finish: {res['failed']}")
+    return res["passed"]
+
+
 # -- the real autograder on a sample ---------------------------------------------------------------
 
 
