@@ -23,7 +23,7 @@ RIGHT = {
          "    k_full = k.repeat_interleave(G, dim=1)  # (B, H, S, D): head h gets K/V head h // G\n"
          "    v_full = v.repeat_interleave(G, dim=1)\n"
          "    scores = torch.einsum('bhtd,bhsd->bhts', q, k_full) * D ** -0.5\n"
-         "    if type(mask) is str:  # "causal"\n"
+         "    if type(mask) is str:  # the one mode, causal\n"
          "        mask = torch.arange(S)[None, :] <= torch.arange(S - T, S)[:, None]\n"
          "    if mask is not None:\n"
          "        scores = torch.where(mask, scores, torch.tensor(float('-inf')))\n"
