@@ -8,6 +8,7 @@
     python -m autograder check notebooks/NN_topic.ipynb   # a student's self-check (visible tests)
     python -m autograder gradescope NN_topic -o autograder.zip
     python -m autograder student [--dest _build/student]  # the student edition
+    python -m autograder mutants [NN_topic ...] [--check N] [--json OUT]
 """
 
 from __future__ import annotations
@@ -57,10 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("inputs", type=Path, nargs="+", help="grades.csv files or the OUT folders of the shards")
     m.add_argument("-o", "--output", type=Path, required=True)
 
+    mu = sub.add_parser("mutants", help="mutation score of each chapter's tests (see autograder/mutation.py)")
+    mu.add_argument("stems", nargs="*", help="chapters, e.g. 04_gqa (default: all)")
+    mu.add_argument("--solutions", type=Path, default=SOLUTIONS, help=f"instructor sources (default {SOLUTIONS})")
+    mu.add_argument("--check", type=int, default=0, metavar="N", help="also grade N mutants per chapter through nbgrader")
+    mu.add_argument("--timeout", type=float, default=300, help="seconds per mutant run (default 300)")
+    mu.add_argument("--json", type=Path, default=None, help="write every verdict to this file")
     add_course_commands(sub)
     args = parser.parse_args(argv)
     if args.command in COURSE_COMMANDS:
         return COURSE_COMMANDS[args.command](args)
+    if args.command == "mutants":
+        from .mutation import run as run_mutants
+        return run_mutants(args.stems, args.solutions, check=args.check, timeout=args.timeout, json_out=args.json)
     if args.command == "release":
         return release(args.solutions, args.dest, check=args.check)
     if args.command == "merge":

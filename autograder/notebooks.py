@@ -170,16 +170,18 @@ def fill_answers(released: NotebookNode, source: NotebookNode) -> NotebookNode:
     return nb
 
 
-def load_wrong_answers(path: str | Path) -> dict:
+def load_wrong_answers(path: str | Path, name: str = "WRONG") -> dict:
     """The ``WRONG`` dict of a tests/wrong_answers/<stem>.py file: {name: [(grade_id, exact text,
-    replacement), ...]} (see docs/COURSE_PIPELINE.md). Raises if the file does not load."""
+    replacement), ...]} (see docs/COURSE_PIPELINE.md). Raises if the file does not load.
+    ``name="RIGHT"`` reads tests/right_answers/<stem>.py, the same format."""
     path = Path(path)
-    spec = importlib.util.spec_from_file_location(f"wrong_answers_{path.stem}", path)
+    spec = importlib.util.spec_from_file_location(f"{name.lower()}_answers_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if not isinstance(module.WRONG, dict):
-        raise TypeError(f"WRONG must be a dict, got {type(module.WRONG).__name__}")
-    return module.WRONG
+    answers = getattr(module, name)
+    if not isinstance(answers, dict):
+        raise TypeError(f"{name} must be a dict, got {type(answers).__name__}")
+    return answers
 
 
 def apply_wrong(nb: NotebookNode, substitutions, name: str = "wrong answer") -> NotebookNode:

@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "solutions"
 NOTEBOOKS = ROOT / "notebooks"
 WRONG_DIR = ROOT / "tests" / "wrong_answers"
+RIGHT_DIR = ROOT / "tests" / "right_answers"
+MIN_RIGHT = 2
 # KVREF_STEMS=05_paging,06_quantization limits the run to those chapters (for authors iterating on one).
 STEMS = sorted(s for s in solution_files(SOLUTIONS)
                if not os.environ.get("KVREF_STEMS") or s in os.environ["KVREF_STEMS"].split(","))
@@ -61,12 +63,25 @@ def load_wrong(stem: str) -> dict | str:
         return f"{path.relative_to(ROOT)} does not load: {type(e).__name__}: {e}"
 
 
+def load_right(stem: str) -> dict | str:
+    """tests/right_answers/<stem>.py's RIGHT (same format as WRONG), or why it could not be loaded."""
+    path = RIGHT_DIR / f"{stem}.py"
+    if not path.is_file():
+        return f"missing {path.relative_to(ROOT)}"
+    try:
+        return nbs.load_wrong_answers(path, "RIGHT")
+    except Exception as e:  # reported by test_enough_right_answers
+        return f"{path.relative_to(ROOT)} does not load: {type(e).__name__}: {e}"
+
+
 WRONG = {stem: load_wrong(stem) for stem in STEMS}
+RIGHT = {stem: load_right(stem) for stem in STEMS}
+RIGHT_CASES = [(stem, name) for stem in STEMS if isinstance(RIGHT[stem], dict) for name in RIGHT[stem]]
 WRONG_CASES = [(stem, name) for stem in STEMS if isinstance(WRONG[stem], dict) for name in WRONG[stem]]
 
 
-def student_id(name: str) -> str:
-    return "wrong-" + name
+def student_id(name: str, kind: str = "wrong") -> str:
+    return f"{kind}-{name}"
 
 
 # -- the self-test assignment -------------------------------------------------------------------
@@ -177,6 +192,12 @@ def graded(tmp_path_factory) -> Graded:
                     course.submit(stem, student_id(name), nbs.apply_wrong(solved, subs, name))
                 except ValueError as e:
                     result.setup_errors[(stem, student_id(name))] = str(e)
+        if isinstance(RIGHT[stem], dict):  # correct alternatives, graded in the same batch
+            for name, subs in RIGHT[stem].items():
+                try:
+                    course.submit(stem, student_id(name, "right"), nbs.apply_wrong(solved, subs, name))
+                except ValueError as e:
+                    result.setup_errors[(stem, student_id(name, "right"))] = str(e)
     result.submissions = sum(len(course.submitted_students(s)) for s in course.stems)
     t0 = time.perf_counter()
     course.autograde_all(workers=WORKERS)
@@ -351,6 +372,24 @@ def test_wrong_answer_loses_points(graded, stem, name):
     s = score(graded, stem, student_id(name))
     auto = nbs.auto_points(nbs.read(SOLUTIONS / f"{stem}.ipynb"))  # a free-text answer is never auto-graded
     assert s.score < auto, f"wrong answer {name!r} got full marks ({s.score:g}): no test catches it"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_enough_right_answers(stem):
+    right = RIGHT[stem]
+    assert isinstance(right, dict), right
+    assert len(right) >= MIN_RIGHT, f"tests/right_answers/{stem}.py has {len(right)} correct alternatives; at least {MIN_RIGHT}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem,name", RIGHT_CASES, ids=[f"{s}-{n}" for s, n in RIGHT_CASES])
+def test_right_answer_gets_full_marks(graded, stem, name):
+    # A correct answer written differently from the solution (loops, einsum, another order) keeps every point.
+    error = graded.setup_errors.get((stem, student_id(name, "right")))
+    assert error is None, f"tests/right_answers/{stem}.py: {error}"
+    s = score(graded, stem, student_id(name, "right"))
+    assert s.score == s.max_score, (f"correct alternative {name!r} scored {s.score:g}/{s.max_score:g}:\n"
+                                    + graded.course.explain(stem, student_id(name, "right")))
 
 
 @pytest.mark.slow

@@ -33,4 +33,21 @@ WRONG = {
     "bytes_one_per_element": [
         ("int8_cache", "return sum(t.numel() * t.element_size() for t in stored)", "return sum(t.numel() for t in stored)"),
     ],
+    # Skips "compute in float32": the codes are computed in the input's fp16/bf16 arithmetic.
+    "quantize_in_half_precision": [
+        ("quantize_int8", "xf = x.float()", "xf = x"),
+        ("quantize_int8", "step = scale.float().masked_fill", "step = scale.masked_fill"),
+        ("quantize_int8", "torch.round((xf - zero.float()) / step)", "torch.round((xf - zero) / step)"),
+    ],
+    # Skips "use the rounded values": the codes use the float32 scale and zero before they are rounded to the dtype.
+    "codes_with_unrounded_scale": [
+        ("quantize_int8", "step = scale.float().masked_fill(scale == 0, 1.0)",
+         "step = ((hi - lo) / 255).masked_fill(scale == 0, 1.0)"),
+        ("quantize_int8", "torch.round((xf - zero.float()) / step)", "torch.round((xf - lo) / step)"),
+    ],
+    # Skips "computed in float32" in dequantize: codes * scale + zero in fp16/bf16 rounds twice.
+    "dequantize_in_half_precision": [
+        ("quantize_int8", "return (codes.float() * scale.float() + zero.float()).to(scale.dtype)",
+         "return codes.to(scale.dtype) * scale + zero"),
+    ],
 }
