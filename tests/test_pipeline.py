@@ -303,6 +303,11 @@ def searchable_text(path: Path) -> str | None:
     return nbs.squash(raw)
 
 
+def auto_points(stem: str) -> float:
+    """The points the autograder can give: all but the free-text answers, which wait for a person."""
+    return nbs.auto_points(nbs.read(SOLUTIONS / f"{stem}.ipynb"))
+
+
 def leaks(stem: str, folder: Path) -> list[str]:
     needles = nbs.secret_needles(nbs.read(SOLUTIONS / f"{stem}.ipynb"))
     found = []
@@ -341,7 +346,7 @@ def test_solution_gets_full_marks(graded, stem):
     s = score(graded, stem, "solution")
     expected = nbs.max_points(nbs.read(SOLUTIONS / f"{stem}.ipynb"))
     assert s.max_score == expected > 0, f"max score {s.max_score}, points in the source {expected}"
-    auto = nbs.auto_points(nbs.read(SOLUTIONS / f"{stem}.ipynb"))  # free-text answers wait for a person
+    auto = auto_points(stem)  # free-text answers wait for a person
     assert s.score == auto, f"the solution scored {s.score:g}/{auto:g}:\n" + graded.course.explain(stem, "solution")
     # Top to bottom: no cell of the solution raises, graded or not.
     nb = nbs.read(graded.course.autograded_path(stem, "solution"))
@@ -370,7 +375,7 @@ def test_wrong_answer_loses_points(graded, stem, name):
     error = graded.setup_errors.get((stem, student_id(name)))
     assert error is None, f"tests/wrong_answers/{stem}.py: {error}"
     s = score(graded, stem, student_id(name))
-    auto = nbs.auto_points(nbs.read(SOLUTIONS / f"{stem}.ipynb"))  # a free-text answer is never auto-graded
+    auto = auto_points(stem)  # a free-text answer is never auto-graded
     assert s.score < auto, f"wrong answer {name!r} got full marks ({s.score:g}): no test catches it"
 
 
@@ -388,7 +393,7 @@ def test_right_answer_gets_full_marks(graded, stem, name):
     error = graded.setup_errors.get((stem, student_id(name, "right")))
     assert error is None, f"tests/right_answers/{stem}.py: {error}"
     s = score(graded, stem, student_id(name, "right"))
-    auto = nbs.auto_points(nbs.read(SOLUTIONS / f"{stem}.ipynb"))  # a free-text answer waits for a person
+    auto = auto_points(stem)  # a free-text answer waits for a person
     assert s.score == auto, (f"correct alternative {name!r} scored {s.score:g} of the {auto:g} automatic points:\n"
                              + graded.course.explain(stem, student_id(name, "right")))
 
@@ -431,7 +436,7 @@ def test_make_grade(graded, tmp_path):
     assert list(rows[0]) == ["student", "notebook", "score", "max_score", "status", "reason", "late"]
     points = nbs.max_points(nbs.read(SOLUTIONS / f"{stem}.ipynb"))
     got = {(r["student"], r["notebook"]): (float(r["score"]), float(r["max_score"])) for r in rows}
-    auto = nbs.auto_points(nbs.read(SOLUTIONS / f"{stem}.ipynb"))  # free-text answers wait for review
+    auto = auto_points(stem)  # free-text answers wait for review
     assert got == {("alice", stem): (auto, points), ("bob", stem): (0.0, points)}, proc.stderr[-3000:]
     for student in ("alice", "bob"):
         page = out / "feedback" / student / f"{stem}.html"
