@@ -1,6 +1,9 @@
 # Build and test the KV-cache course (GNU make).
 #
-#   make book    create .venv if needed, build the book into _build/html
+#   make book    create .venv if needed, build the book: English into _build/html, Chinese into _build/html/zh
+#                (prerequisite for the Chinese figures: Debian's fonts-noto-cjk)
+#   make i18n-update  extract the English messages and update book/locale/zh_CN/LC_MESSAGES/*.po (sphinx-intl)
+#   make i18n-check   fail, listing them, when a message is untranslated, fuzzy, stale or loses its markup
 #   make test    create .venv if needed, run the whole test suite
 #   make venv    only create/update .venv from requirements.txt (+ kvref in editable mode)
 #   make js      only fetch the book's pinned JavaScript (MathJax, require.js, ipywidgets manager) into .cache/js
@@ -28,13 +31,17 @@ BUILD_DIR ?= .
 JUPYTER_BOOK ?= $(VENV)/bin/jupyter-book
 BOOK_FLAGS := -W -n --keep-going --builder html
 FIRST_CHAPTER := $(abspath $(BUILD_DIR))/_build/html/book/01_motivation.html
+HTML_DIR := $(abspath $(BUILD_DIR))/_build/html
+# The English build executes every page into this jupyter-cache (emptied first); the Chinese build reads it.
+JUPYTER_CACHE := $(abspath $(BUILD_DIR))/_build/.jupyter_cache
+ZH_WORK := $(abspath $(BUILD_DIR))/_build/zh-build
 
 PYTEST_ARGS ?=
 
 # Recipes (and the tools they start, e.g. nbgrader and the notebook kernel) use the venv.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv js book pdf test clean release grade student check
+.PHONY: venv js book pdf test clean release grade student check i18n-update i18n-check
 
 venv: $(STAMP)
 
@@ -59,9 +66,25 @@ js:
 # The notebook kernels draw figures inline (what ipykernel does by default, spelled out because `make test`
 # exports Agg, which the book build would inherit): with Agg, plt.show() in a page displayed nothing.
 book: export MPLBACKEND := module://matplotlib_inline.backend_inline
+# Two editions from one execution: the English build runs every page (the cache starts empty), the Chinese build
+# (config generated from _config.yml: language zh_CN, catalogs in book/locale) reuses those outputs, and its
+# pages move to _build/html/zh/. book/_ext/lang_switch.py links each page to its twin in the other edition.
 book: $(STAMP) js
-	$(JUPYTER_BOOK) build . $(BOOK_FLAGS) --path-output $(BUILD_DIR)
+	rm -rf $(JUPYTER_CACHE) $(ZH_WORK)
+	$(JUPYTER_BOOK) build . $(BOOK_FLAGS) --all --path-output $(BUILD_DIR)
+	$(PY) book/_ext/i18n_tool.py config --cache $(JUPYTER_CACHE) --out $(ZH_WORK)/_config.yml
+	$(JUPYTER_BOOK) build . --config $(ZH_WORK)/_config.yml --toc _toc.yml $(BOOK_FLAGS) --all --path-output $(ZH_WORK)
+	rm -rf $(HTML_DIR)/zh && mv $(ZH_WORK)/_build/html $(HTML_DIR)/zh
 	@echo "First chapter: $(FIRST_CHAPTER)"
+	@echo "Chinese edition: $(HTML_DIR)/zh/book/01_motivation.html"
+
+# The Chinese catalogs (README: "Updating the Chinese edition"). Both extract the messages with Sphinx's gettext
+# builder, pages not executed (seconds): update merges them into the .po files, check compares them.
+i18n-update: $(STAMP)
+	$(PY) book/_ext/i18n_tool.py update
+
+i18n-check: $(STAMP)
+	$(PY) book/_ext/i18n_tool.py check
 
 # One printable PDF: headless Chromium prints each built page (book/_ext/static/print.css), pypdf joins them.
 pdf: book

@@ -1,0 +1,143 @@
+"""Check the Chinese catalogs against the English sources: every message translated, none fuzzy, and the markup
+that must survive translation intact.
+
+Compares the message templates that Sphinx's gettext builder extracts from the current English pages (*.pot)
+with the catalogs in book/locale/zh_CN/LC_MESSAGES (*.po). A problem is:
+
+- untranslated: a message of the current sources with an empty translation, or missing from its catalog (the
+  English text changed and `make i18n-update` has not been run, or ran and left it empty);
+- fuzzy: a translation sphinx-intl carried over from an older English text, flagged for review;
+- stale: a translated message whose English text is gone from the sources (`make i18n-update` marks it obsolete);
+- markup: the translation drops, adds or alters a glue role, a math span, a code span, a link target, a role's
+  target or a footnote reference of its source. `{ref}`title <target>`` may translate its title, never
+  its target; `{glue:text}`key`` and `{doc}`05_paging`` must stay exactly as they are.
+
+Run by `make i18n-check` through book/_ext/i18n_tool.py; tests in tests/test_i18n.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from babel.messages.pofile import read_po
+
+ROLE = re.compile(r"\{([A-Za-z][\w:.+-]*)\}(`+)(.+?)\2")  # {glue:text}`x`, {ref}`title <target>`
+MATH = re.compile(r"(?<![\\$])\$(?!\$)[^$\n]+?\$")  # $...$ (not $$)
+CODE = re.compile(r"(`+)(.+?)\1")  # `code`, ``code``
+LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")  # [text](target "title"): the target
+AUTOLINK = re.compile(r"<((?:https?|mailto|ftp):[^>\s]+)>")  # <https://...>
+FOOTNOTE = re.compile(r"\[\^([^\]\s]+)\]")  # [^1]
+
+
+@dataclass(frozen=True)
+class Problem:
+    catalog: str  # e.g. book/03_memory.po
+    kind: str  # untranslated | fuzzy | stale | markup
+    source: str  # the English message
+    detail: str = ""
+
+    def __str__(self) -> str:
+        text = " ".join(self.source.split())
+        text = text if len(text) <= 100 else text[:97] + "..."
+        return f"{self.catalog}: {self.kind}: {text!r}" + (f" ({self.detail})" if self.detail else "")
+
+
+def role_key(name: str, body: str) -> str:
+    """What a role must keep: its name and target. The target is what `<...>` closes the body with,
+    or else the whole body (then the title is the target itself and may not change)."""
+    m = re.fullmatch(r"(?s)(.*?)\s*<([^<>]+)>", body)
+    return f"{{{name}}}->{m.group(2) if m else body}"
+
+
+def markup(text: str) -> Counter:
+    """The pieces of `text` a translation has to carry over unchanged (as a multiset: order may change)."""
+    out: Counter = Counter()
+    rest = text
+    for m in ROLE.finditer(rest):
+        out[role_key(m.group(1), m.group(3))] += 1
+    rest = ROLE.sub(" ", rest)
+    for m in CODE.finditer(rest):
+        out["code:" + m.group(2)] += 1
+    rest = CODE.sub(" ", rest)
+    for m in MATH.finditer(rest):
+        out["math:" + m.group(0)] += 1
+    rest = MATH.sub(" ", rest)
+    for pattern, tag in ((LINK, "link:"), (AUTOLINK, "link:"), (FOOTNOTE, "footnote:")):
+        for m in pattern.finditer(rest):
+            out[tag + m.group(1)] += 1
+    return out
+
+
+def markup_difference(source: str, translation: str) -> str:
+    """'' when the markup agrees, else what is missing from / extra in the translation."""
+    a, b = markup(source), markup(translation)
+    if a == b:
+        return ""
+    parts = []
+    if a - b:
+        parts.append("missing or altered: " + ", ".join(sorted(a - b)))
+    if b - a:
+        parts.append("not in the source: " + ", ".join(sorted(b - a)))
+    return "; ".join(parts)
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else (value[0] if value else "")
+
+
+def read_catalog(path: Path):
+    with open(path, "rb") as f:
+        return read_po(f)
+
+
+def check_catalog(pot: Path | None, po: Path | None, name: str) -> list[Problem]:
+    """Problems of one catalog `po` against its template `pot` (either may be None: missing)."""
+    sources = [_text(m.id) for m in read_catalog(pot) if m.id] if pot else []
+    entries = {_text(m.id): m for m in read_catalog(po) if m.id} if po else {}
+    problems = []
+    for src in sources:
+        m = entries.get(src)
+        dst = _text(m.string) if m is not None else ""
+        if m is None:
+            problems.append(Problem(name, "untranslated", src, "not in the catalog: run `make i18n-update`"))
+        elif not dst.strip():
+            problems.append(Problem(name, "untranslated", src))
+        elif m.fuzzy:
+            problems.append(Problem(name, "fuzzy", src, "check the translation, then remove the fuzzy flag"))
+    wanted = set(sources)
+    for src, m in entries.items():
+        dst = _text(m.string)
+        if src not in wanted:
+            if dst.strip():
+                problems.append(Problem(name, "stale", src, "no longer in the English sources: run "
+                                        "`make i18n-update`"))
+            continue
+        if dst.strip():
+            diff = markup_difference(src, dst)
+            if diff:
+                problems.append(Problem(name, "markup", src, diff))
+    return problems
+
+
+def check_tree(pot_dir: Path, po_dir: Path) -> list[Problem]:
+    """Every template under `pot_dir` against the catalog of the same relative path under `po_dir`."""
+    pots = {p.relative_to(pot_dir).with_suffix(".po").as_posix(): p for p in sorted(pot_dir.rglob("*.pot"))}
+    pos = {p.relative_to(po_dir).as_posix(): p for p in sorted(po_dir.rglob("*.po"))} if po_dir.is_dir() else {}
+    problems = []
+    for name in sorted(set(pots) | set(pos)):
+        problems += check_catalog(pots.get(name), pos.get(name), name)
+    return problems
+
+
+def report(problems: list[Problem]) -> str:
+    if not problems:
+        return "i18n check: every message is translated and keeps its markup."
+    counts = Counter(p.kind for p in problems)
+    lines = [str(p) for p in problems]
+    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+    lines.append(f"i18n check failed: {summary}. Translate these messages in book/locale/zh_CN/LC_MESSAGES/ "
+                 "(README: 'Updating the Chinese edition').")
+    return "\n".join(lines)

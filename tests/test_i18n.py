@@ -1,0 +1,315 @@
+"""The Chinese edition: catalogs checked against the English sources, figures with Chinese labels, and the two
+built editions linked page to page.
+
+Fast tests use small synthetic catalogs and a three-line book in a temporary folder (the real catalogs are
+checked once, by test_catalogs_are_translated_and_in_step). The built-page tests read the session's one book
+build (tests/book_build.py), which holds both editions.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from babel.messages.catalog import Catalog
+from babel.messages.pofile import read_po, write_po
+
+from book_build import built_book  # noqa: F401  (session fixture: the one book build)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "book" / "_ext" / "i18n_tool.py"
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+import i18n_check  # noqa: E402
+import lang_switch  # noqa: E402
+import zh_figures  # noqa: E402
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+# ---------------------------------------------------------------- markup that must survive translation
+
+
+@pytest.mark.parametrize("src,dst", [
+    ("The cache of {glue:text}`n_layers` layers", "{glue:text}`n_layers` 层的缓存"),
+    ("See {ref}`the table <tab-sizes>` and {doc}`05_paging`.", "见{ref}`表格 <tab-sizes>`和{doc}`05_paging`。"),
+    ("See {ref}`tab-sizes`.", "见{ref}`表 <tab-sizes>`。"),  # a bare target may gain a title
+    ("Keys $K$ and values $V$ of `kvref`", "`kvref` 的值 $V$ 和键 $K$"),  # order may change
+    ("Read [the paper](https://arxiv.org/abs/2309.06180).", "阅读[论文](https://arxiv.org/abs/2309.06180)。"),
+])
+def test_markup_kept_passes(src, dst):
+    assert i18n_check.markup_difference(src, dst) == ""
+
+
+@pytest.mark.parametrize("src,dst,lost", [
+    ("{glue:text}`n_layers` layers", "若干层", "{glue:text}->n_layers"),  # glue role dropped
+    ("{glue:text}`n_layers` layers", "{glue:text}`n_layer` 层", "{glue:text}->n_layers"),  # key altered
+    ("See {ref}`the table <tab-sizes>`.", "见{ref}`表格 <tab-size>`。", "{ref}->tab-sizes"),  # target
+    ("See {doc}`05_paging`.", "见{doc}`分页`。", "{doc}->05_paging"),  # a bare target translated
+    ("Keys $K_{t}$ here", "这里的键 $K_t$", "math:$K_{t}$"),  # math altered
+    ("Set `use_cache=True`.", "设置 use_cache=True。", "code:use_cache=True"),  # code span dropped
+    ("Read [it](https://arxiv.org/abs/1).", "阅读[它](https://arxiv.org/abs/2)。", "link:https://arxiv.org/abs/1"),
+])
+def test_markup_altered_is_reported(src, dst, lost):
+    diff = i18n_check.markup_difference(src, dst)
+    assert diff and lost in diff, diff
+
+
+# ---------------------------------------------------------------- catalogs against templates (synthetic)
+
+
+def write_catalog(path: Path, entries: dict[str, str], fuzzy: set[str] = frozenset()) -> Path:
+    cat = Catalog(locale="zh_CN", fuzzy=True)  # the header entry is fuzzy, as sphinx-intl writes it: ignored
+    for src, dst in entries.items():
+        cat.add(src, dst, flags=("fuzzy",) if src in fuzzy else ())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        write_po(f, cat)
+    return path
+
+
+def kinds(problems) -> list[tuple[str, str]]:
+    return sorted((p.kind, p.source) for p in problems)
+
+
+def test_complete_catalog_passes(tmp_path):
+    pot = write_catalog(tmp_path / "pot" / "book" / "p.pot", {"Hello": "", "The {glue:text}`n` rows": ""})
+    po = write_catalog(tmp_path / "po" / "book" / "p.po", {"Hello": "你好", "The {glue:text}`n` rows": "{glue:text}`n` 行"})
+    assert i18n_check.check_catalog(pot, po, "book/p.po") == []
+    assert i18n_check.check_tree(tmp_path / "pot", tmp_path / "po") == []
+
+
+def test_untranslated_fuzzy_missing_stale_and_markup_are_each_reported(tmp_path):
+    pot = write_catalog(tmp_path / "pot" / "book" / "p.pot",
+                        {"Done": "", "Empty": "", "Fuzzy": "", "New sentence": "", "Uses `x`": ""})
+    write_catalog(tmp_path / "po" / "book" / "p.po",
+                  {"Done": "完成", "Empty": "", "Fuzzy": "模糊", "Old sentence": "旧句子", "Uses `x`": "用 x"},
+                  fuzzy={"Fuzzy"})
+    problems = i18n_check.check_tree(tmp_path / "pot", tmp_path / "po")
+    assert kinds(problems) == [("fuzzy", "Fuzzy"), ("markup", "Uses `x`"), ("stale", "Old sentence"),
+                               ("untranslated", "Empty"), ("untranslated", "New sentence")]
+    assert all(p.catalog == "book/p.po" for p in problems)
+    text = i18n_check.report(problems)
+    assert "book/p.po: untranslated: 'New sentence'" in text and "i18n check failed" in text
+
+
+def test_a_page_without_a_catalog_is_all_untranslated(tmp_path):
+    write_catalog(tmp_path / "pot" / "book" / "new_page.pot", {"A": "", "B": ""})
+    (tmp_path / "po").mkdir()
+    problems = i18n_check.check_tree(tmp_path / "pot", tmp_path / "po")
+    assert kinds(problems) == [("untranslated", "A"), ("untranslated", "B")]
+
+
+# ---------------------------------------------------------------- the real tools on a tiny book
+
+
+TINY_CONFIG = "title: Tiny\nonly_build_toc_files: true\nexecute:\n  execute_notebooks: 'off'\n"
+TINY_TOC = "format: jb-book\nroot: book/intro\n"
+
+
+def run_tool(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=300)
+
+
+def fill(po_path: Path, translate) -> None:
+    with open(po_path, "rb") as f:
+        cat = read_po(f)
+    for m in cat:
+        if m.id:
+            m.string = translate(m.id)
+            m.flags.discard("fuzzy")
+    with open(po_path, "wb") as f:
+        write_po(f, cat)
+
+
+@pytest.mark.slow
+def test_update_then_check_fails_on_an_untranslated_change(tmp_path):
+    book = tmp_path / "tiny"
+    (book / "book").mkdir(parents=True)
+    (book / "_config.yml").write_text(TINY_CONFIG)
+    (book / "_toc.yml").write_text(TINY_TOC)
+    page = book / "book" / "intro.md"
+    page.write_text("# The cache\n\nEach step reads $K$ and `kv_cache` once.\n\nDecode is memory bound.\n")
+    po = book / "book" / "locale" / "zh_CN" / "LC_MESSAGES" / "book" / "intro.po"
+
+    assert run_tool("update", "--book", str(book)).returncode == 0
+    assert po.is_file(), "sphinx-intl update wrote no catalog"
+    first = run_tool("check", "--book", str(book))
+    assert first.returncode == 1 and "book/intro.po: untranslated: 'Decode is memory bound.'" in first.stdout
+
+    zh = {"The cache": "缓存", "Each step reads $K$ and `kv_cache` once.": "每步读取一次 $K$ 和 `kv_cache`。",
+          "Decode is memory bound.": "解码受内存带宽限制。"}
+    fill(po, zh.__getitem__)
+    ok = run_tool("check", "--book", str(book))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+    # The English text changes and nobody translates it: the check names the new message.
+    page.write_text(page.read_text().replace("Decode is memory bound.", "Decode is bound by memory bandwidth."))
+    changed = run_tool("check", "--book", str(book))
+    assert changed.returncode == 1
+    assert "book/intro.po: untranslated: 'Decode is bound by memory bandwidth.'" in changed.stdout
+    # After `make i18n-update` the old translation comes back fuzzy (needs review): still a failure.
+    assert run_tool("update", "--book", str(book)).returncode == 0
+    fuzzy = run_tool("check", "--book", str(book))
+    assert fuzzy.returncode == 1 and "'Decode is bound by memory bandwidth.'" in fuzzy.stdout, fuzzy.stdout
+
+    # A translation that drops a code span fails even when nothing is untranslated.
+    zh["Decode is bound by memory bandwidth."] = "解码受内存带宽限制。"
+    zh["Each step reads $K$ and `kv_cache` once."] = "每步读取一次 $K$ 和 kv_cache。"
+    fill(po, lambda s: zh.get(s, "x"))
+    broken = run_tool("check", "--book", str(book))
+    assert broken.returncode == 1 and "markup" in broken.stdout and "code:kv_cache" in broken.stdout
+
+
+@pytest.mark.slow
+def test_catalogs_are_translated_and_in_step():
+    """`make i18n-check` on the real catalogs: a change to the English text that is not translated fails."""
+    proc = run_tool("check")
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- figures with Chinese labels
+
+
+def test_needs_translation():
+    assert zh_figures.needs_translation("context length")
+    assert zh_figures.needs_translation("batch 16 (tok/s)")
+    for neutral in ["GQA", "MiB", "fp16", "Llama-2-7B", "$T$", "1,024", "K/V", "tok/s", ""]:
+        assert not zh_figures.needs_translation(neutral), neutral
+
+
+def test_translate_exact_and_with_numbers():
+    labels = {"context length": "上下文长度", "batch {}": "批大小 {}", "{} steps of {}": "{} 步，共 {}"}
+    assert zh_figures.translate("context length", labels) == "上下文长度"
+    assert zh_figures.translate("batch 16", labels) == "批大小 16"
+    assert zh_figures.translate("3 steps of 1,024", labels) == "3 步，共 1,024"
+    assert zh_figures.translate("batch size", labels) is None
+
+
+def test_every_label_of_a_figure_is_swapped_or_reported():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4], label="with cache")
+    ax.set(xlabel="context length", ylabel="GiB", title="untranslated title")
+    ax.legend()
+    try:
+        with pytest.raises(zh_figures.MissingFigureLabel, match="untranslated title"):
+            zh_figures.chinese_texts(fig, {"with cache": "有缓存", "context length": "上下文长度"})
+        changes = zh_figures.chinese_texts(
+            fig, {"with cache": "有缓存", "context length": "上下文长度", "untranslated title": "标题"})
+        assert sorted(zh for _, _, zh in changes) == sorted(["有缓存", "上下文长度", "标题"])
+    finally:
+        plt.close(fig)
+
+
+def test_label_file_entries_are_chinese():
+    labels = zh_figures.load_labels()
+    assert labels, f"{zh_figures.LABELS} is empty"
+    # Chinese, or kept as it is on purpose (model names, `token`, which Chinese technical text keeps too).
+    not_chinese = [en for en, zh in labels.items() if not CJK.search(zh) and zh != en]
+    assert not not_chinese, f"entries whose label is neither Chinese nor the English kept as is: {not_chinese[:10]}"
+    slots = [en for en, zh in labels.items() if en.count("{}") != zh.count("{}")]
+    assert not slots, f"entries whose number slots {{}} differ between English and Chinese: {slots}"
+
+
+def test_cjk_font_is_installed():
+    # Debian's fonts-noto-cjk (README prerequisites; .ci/run installs it): without it the labels are boxes.
+    assert "CJK" in zh_figures.cjk_family()
+
+
+# ---------------------------------------------------------------- the language switch
+
+
+def test_switch_urls_point_at_the_twin_page():
+    assert lang_switch.switch_url("book/03_memory", chinese=False) == "../zh/book/03_memory.html"
+    assert lang_switch.switch_url("book/03_memory", chinese=True) == "../../book/03_memory.html"
+    assert lang_switch.switch_url("search", chinese=False) == "zh/search.html"
+    assert lang_switch.switch_url("search", chinese=True) == "../search.html"
+
+
+def test_chinese_glue_reads_the_zh_twin():
+    data = {"fig_a": "en", "fig_a_zh": "zh", "fig_b": "only"}
+    assert lang_switch.use_chinese_glue(data) == {"fig_a": "zh", "fig_a_zh": "zh", "fig_b": "only"}
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.switch: str | None = None
+        self.lang: str | None = None
+        self.images: list[str] = []
+        self.in_article = 0
+        self.article_text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "html":
+            self.lang = a.get("lang")
+        if tag == "a" and "lang-switch" in (a.get("class") or "").split():
+            self.switch = a.get("href")
+        if tag == "img" and a.get("src"):
+            self.images.append(a["src"])
+        if tag == "article":
+            self.in_article += 1
+
+    def handle_endtag(self, tag):
+        if tag == "article" and self.in_article:
+            self.in_article -= 1
+
+    def handle_data(self, data):
+        if self.in_article:
+            self.article_text.append(data)
+
+
+def read_page(path: Path) -> _Page:
+    p = _Page()
+    p.feed(path.read_text(encoding="utf-8"))
+    return p
+
+
+def edition_pages(html: Path) -> list[Path]:
+    return [p for p in sorted(html.glob("*.html")) + sorted((html / "book").glob("*.html"))
+            if p.name != "index.html"]
+
+
+@pytest.mark.slow
+def test_both_editions_are_built_and_switch_links_resolve_both_ways(built_book):  # noqa: F811
+    assert built_book.returncode == 0, built_book.log[-6000:]
+    en, zh = built_book.html, built_book.html / "zh"
+    assert "Chinese edition:" in built_book.stdout
+    en_pages = edition_pages(en)
+    assert en_pages and [p.relative_to(en) for p in en_pages] == [p.relative_to(zh) for p in edition_pages(zh)]
+    for page in en_pages + edition_pages(zh):
+        href = read_page(page).switch
+        assert href, f"{page.relative_to(en)}: no language switch"
+        assert not urlsplit(href).scheme and not href.startswith("/"), f"{page}: switch link not relative: {href}"
+        twin = (page.parent / href).resolve()
+        assert twin.is_file(), f"{page.relative_to(en)}: switch points at {href}, which is not built"
+        back = read_page(twin).switch
+        assert (twin.parent / back).resolve() == page.resolve(), f"{twin}: its switch does not lead back"
+        assert (zh in twin.parents) != (zh in page.parents), f"{page}: the switch stays in its own edition"
+
+
+@pytest.mark.slow
+def test_chinese_pages_are_chinese(built_book):  # noqa: F811
+    assert built_book.returncode == 0, built_book.log[-6000:]
+    zh = built_book.html / "zh" / "book"
+    for page in sorted(zh.glob("*.html")):
+        p = read_page(page)
+        assert p.lang == "zh-CN", f"{page.name}: <html lang={p.lang!r}>"
+        text = "".join(p.article_text)
+        assert len(CJK.findall(text)) >= 20, f"zh/book/{page.name}: the article has (almost) no Chinese text"
+    # Figures: the Chinese page shows other images than the English one (its labels are Chinese).
+    en_imgs = read_page(built_book.html / "book" / "03_memory.html").images
+    zh_imgs = read_page(zh / "03_memory.html").images
+    assert zh_imgs and len(zh_imgs) == len(en_imgs)
+    en_bytes = {(built_book.html / "book" / s).resolve().read_bytes() for s in en_imgs}
+    assert all((zh / s).resolve().read_bytes() not in en_bytes for s in zh_imgs if "glue" in s or s.endswith(".png"))
