@@ -7,11 +7,30 @@
   every page. Drop exact duplicates before the page is rendered.
 - static/print.css (ours, served from _static/ by offline_js): how a page prints, and so how `make pdf` looks
   (text column only, code wrapped, widgets hidden in favour of the static figure beside each).
+- What a code cell prints is not prose to translate: the gettext builder would otherwise extract the tables and
+  sentences a cell displays as Markdown (nb_render_markdown_format: myst), so every re-measured number would
+  become a new untranslated message of the Chinese edition. Both editions show the same executed outputs.
 """
 
 from __future__ import annotations
 
 import os
+
+from docutils import nodes
+from sphinx.transforms import SphinxTransform
+
+
+class OutputsAreNotTranslated(SphinxTransform):
+    """Mark every text node inside a cell's output as untranslatable (before Sphinx's Locale transform, 20)."""
+
+    default_priority = 10
+
+    def apply(self, **kwargs) -> None:
+        for box in self.document.findall(nodes.container):
+            if "cell_output" not in box.get("classes", []):
+                continue
+            for node in box.findall(nodes.TextElement):
+                node["translatable"] = False
 
 
 def drop_duplicate_scripts(app, pagename, templatename, context, doctree) -> None:
@@ -33,4 +52,5 @@ def setup(app):
     # Late (priority 900): after the other extensions have added this page's scripts.
     app.connect("html-page-context", drop_duplicate_scripts, priority=900)
     app.add_css_file("print.css", media="print")
+    app.add_transform(OutputsAreNotTranslated)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
