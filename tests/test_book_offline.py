@@ -156,8 +156,11 @@ class Resources(HTMLParser):
 
 
 def pages(html: Path) -> list[Path]:
-    """Every page a reader can open: the chapters and the generated pages (search, index), not theme templates."""
-    found = sorted(html.glob("*.html")) + sorted((html / "book").glob("*.html"))
+    """Every page a reader can open, in both editions (English in html/, Chinese in html/zh/): the chapters and
+    the generated pages (search, index), not theme templates."""
+    found = []
+    for edition in (html, html / "zh"):
+        found += sorted(edition.glob("*.html")) + sorted((edition / "book").glob("*.html"))
     return [p for p in found if p.name != "index.html"]  # index.html is only a meta-refresh redirect
 
 
@@ -177,6 +180,7 @@ def test_pages_load_nothing_from_the_network(built_book):
     # test_setup.py::test_book_builds reports the failure itself.
     checked = pages(built_book.html)
     assert any(p.parent.name == "book" for p in checked), f"no book pages were built:\n{built_book.log[-4000:]}"
+    assert any(p.parent.parent.name == "zh" for p in checked), f"no Chinese pages were built:\n{built_book.log[-4000:]}"
     remote = [(p.relative_to(built_book.html).as_posix(), tag, url)
               for p in checked for tag, url in parse(p).urls if is_remote(url)]
     assert not remote, f"pages load resources from the network (fails offline): {remote}"

@@ -107,16 +107,16 @@ class _Images(HTMLParser):
 @pytest.mark.parametrize("page", CHAPTERS, ids=lambda p: p.stem)
 def test_built_figures_have_alt_text_and_exist(built_book, page):  # noqa: F811
     assert built_book.returncode == 0, built_book.log[-3000:]
-    html = built_book.html / "book" / f"{page.stem}.html"
-    parser = _Images()
-    parser.feed(html.read_text())
-    assert parser.images, f"{html.name}: no figure in the built page"
-    for img in parser.images:
-        alt, src = img.get("alt", ""), img.get("src", "")
-        # myst-nb gives an un-glued plt.show() figure its file name as alt text: that is not a description.
-        assert len(alt.split()) >= 5 and not alt.endswith((".png", ".svg", ".jpg")), \
-            f"{html.name}: image {src} has no description (alt={alt!r})"
-        assert (html.parent / src).resolve().is_file(), f"{html.name}: image {src} is missing from the build"
+    for html in (built_book.html / "book" / f"{page.stem}.html", built_book.html / "zh" / "book" / f"{page.stem}.html"):
+        parser = _Images()
+        parser.feed(html.read_text())
+        assert parser.images, f"{html}: no figure in the built page"
+        for img in parser.images:
+            alt, src = img.get("alt", ""), img.get("src", "")
+            # myst-nb gives an un-glued plt.show() figure its file name as alt text: that is not a description.
+            assert len(alt.split()) >= 5 and not alt.endswith((".png", ".svg", ".jpg")), \
+                f"{html}: image {src} has no description (alt={alt!r})"
+            assert (html.parent / src).resolve().is_file(), f"{html}: image {src} is missing from the build"
 
 
 @pytest.mark.slow
