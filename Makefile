@@ -73,7 +73,7 @@ book: $(STAMP) js
 	rm -rf $(JUPYTER_CACHE) $(ZH_WORK)
 	$(JUPYTER_BOOK) build . $(BOOK_FLAGS) --all --path-output $(BUILD_DIR)
 	$(PY) book/_ext/i18n_tool.py config --cache $(JUPYTER_CACHE) --out $(ZH_WORK)/_config.yml
-	$(JUPYTER_BOOK) build . --config $(ZH_WORK)/_config.yml --toc _toc.yml $(BOOK_FLAGS) --all --path-output $(ZH_WORK)
+	$(JUPYTER_BOOK) build . --config $(ZH_WORK)/_config.yml --toc $(ZH_WORK)/_toc.yml $(BOOK_FLAGS) --all --path-output $(ZH_WORK)
 	rm -rf $(HTML_DIR)/zh && mv $(ZH_WORK)/_build/html $(HTML_DIR)/zh
 	@echo "First chapter: $(FIRST_CHAPTER)"
 	@echo "Chinese edition: $(HTML_DIR)/zh/book/01_motivation.html"

@@ -313,3 +313,19 @@ def test_chinese_pages_are_chinese(built_book):  # noqa: F811
         zh_page = zh / page.name
         zh_bytes = {(zh_page.parent / s).resolve().read_bytes() for s in read_page(zh_page).images}
         assert zh_bytes and zh_bytes - en_bytes, f"zh/book/{page.name} shows only the English figures"
+
+
+def test_chinese_build_config_names_its_catalogs_and_the_shared_cache(tmp_path):
+    sys.path.insert(0, str(TOOL.parent))
+    import i18n_tool
+
+    cfg = i18n_tool.chinese_config(tmp_path / "cache")
+    sphinx = cfg["sphinx"]["config"]
+    assert sphinx["language"] == "zh_CN" and sphinx["gettext_compact"] is False
+    assert Path(sphinx["locale_dirs"][0]) == ROOT / "book" / "locale"
+    assert cfg["execute"] == {**cfg["execute"], "execute_notebooks": "cache", "cache": str(tmp_path / "cache")}
+    # The generated file lives in the build folder: extension paths must not depend on where it is.
+    assert all(Path(p).is_absolute() and Path(p).is_dir() for p in cfg["sphinx"]["local_extensions"].values())
+    assert CJK.search(cfg["title"]), f"the Chinese edition's title is {cfg['title']!r}"
+    captions = [part["caption"] for part in i18n_tool.chinese_toc()["parts"]]
+    assert captions and all(CJK.search(c) for c in captions), captions

@@ -1,6 +1,6 @@
 """The Chinese edition's plumbing: generated configs, catalog extraction, update and check.
 
-    python book/_ext/i18n_tool.py config --cache DIR --out FILE   Chinese build config (`make book`)
+    python book/_ext/i18n_tool.py config --cache DIR --out FILE   Chinese build config + toc (`make book`)
     python book/_ext/i18n_tool.py update                          extract + sphinx-intl update (`make i18n-update`)
     python book/_ext/i18n_tool.py check                           extract + check catalogs (`make i18n-check`)
 
@@ -29,7 +29,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 LANG = "zh_CN"
 LOCALE = ROOT / "book" / "locale"
-ZH_TITLE = "KV 缓存：动手实现，实际测量"
+# The part captions of _toc.yml (not in any page, so not in the catalogs).
+TOC_CAPTIONS = {"Chapters": "章节", "Reference": "参考"}
 GETTEXT = {"gettext_compact": False, "gettext_uuid": False, "gettext_location": False}
 
 sys.path.insert(0, str(HERE))
@@ -45,10 +46,31 @@ def base_config() -> dict:
     return cfg
 
 
+def translated_title(title: str, locale: Path = LOCALE) -> str:
+    """The book's title as the root page's catalog translates it (the root page's H1 is the same title)."""
+    po = locale / LANG / "LC_MESSAGES" / "book" / "intro.po"
+    if po.is_file():
+        m = i18n_check.read_catalog(po).get(title)
+        if m is not None and m.string and not m.fuzzy:
+            return m.string
+    return title
+
+
+def chinese_toc() -> dict:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    for part in toc.get("parts", []):
+        if "caption" in part:
+            if part["caption"] not in TOC_CAPTIONS:
+                raise SystemExit(f"_toc.yml caption {part['caption']!r} has no Chinese in TOC_CAPTIONS "
+                                 f"({Path(__file__).relative_to(ROOT)}): add it")
+            part["caption"] = TOC_CAPTIONS[part["caption"]]
+    return toc
+
+
 def chinese_config(cache: Path) -> dict:
     """The Chinese build: same pages, same executions (the English build's jupyter-cache), zh_CN catalogs."""
     cfg = base_config()
-    cfg["title"] = ZH_TITLE
+    cfg["title"] = translated_title(cfg.get("title", ""))
     cfg.setdefault("execute", {})["execute_notebooks"] = "cache"
     cfg["execute"]["cache"] = str(cache.resolve())
     cfg["sphinx"]["config"].update(language=LANG, locale_dirs=[str(LOCALE)], **GETTEXT)
@@ -120,7 +142,7 @@ def check(pots: Path, locale: Path = LOCALE) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("config", help="write the Chinese build's _config.yml")
+    c = sub.add_parser("config", help="write the Chinese build's _config.yml and _toc.yml (same folder)")
     c.add_argument("--cache", type=Path, required=True, help="the English build's jupyter-cache folder")
     c.add_argument("--out", type=Path, required=True)
     for name in ("update", "check"):
@@ -131,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "config":
         print(write_config(chinese_config(args.cache), args.out))
+        print(write_config(chinese_toc(), args.out.with_name("_toc.yml")))
         return 0
     book = args.book.resolve()
     locale = (args.locale or book / "book" / "locale").resolve()

@@ -9,6 +9,8 @@ book/_ext/i18n_tool.py). It does three small things:
 - Chinese figures: the pages glue each figure twice, `fig_x` and `fig_x_zh` (book/_ext/zh_figures.py). In the
   Chinese build every glue key with a `_zh` twin reads the twin, so `{glue:figure} fig_x` shows Chinese labels.
   The outputs come from one execution shared by both builds (jupyter-cache), so the numbers are the same.
+- Glue in translated text: Sphinx parses each translated message as a document of its own, where a glue role
+  finds no notebook; it is looked up in the page being translated instead.
 - Catalog extraction without execution (`i18n_extract_only`, set by i18n_tool for the gettext builder): a
   `{glue:figure}` whose data is missing still yields its caption (a placeholder stands in for the image), so the
   catalogs hold the captions although no page was executed.
@@ -62,26 +64,47 @@ def patch_glue_for_chinese() -> None:
     base.extract_glue_data = extract_glue_data
 
 
-def patch_glue_for_extraction() -> None:
-    """Missing glue data gives a placeholder instead of a warning node: captions reach the catalogs."""
+# The page being read and its renderer (whose notebook holds the glue data), remembered at its first glue
+# lookup that succeeds. Sphinx reads one page at a time (the book is not built with -j).
+_current: dict[str, object] = {}
+
+
+def _docname(document) -> str | None:
+    env = getattr(getattr(document, "settings", None), "env", None)
+    return getattr(env, "docname", None)
+
+
+def patch_glue_lookup(placeholder: bool) -> None:
+    """Glue roles inside translated text, and (with `placeholder`) glue with no data, both resolve.
+
+    Sphinx translates a paragraph by parsing its msgstr as a small document of its own: the glue roles in it
+    find no notebook there, so they are looked up in the page being translated instead. For catalog
+    extraction (pages not executed) a missing key yields an empty placeholder, so a `{glue:figure}` still
+    yields its caption."""
     from myst_nb.ext.glue import directives, roles
     from myst_nb.ext.glue.utils import RetrievalError, VariableOutput
 
     for module in (directives, roles):
-        original = module.retrieve_glue_data
-        if getattr(original, "_placeholder", False):
-            continue
+        original = getattr(module.retrieve_glue_data, "_original", module.retrieve_glue_data)
 
         def retrieve(document, key, _original=original):
             try:
-                return _original(document, key)
+                found = _original(document, key)
             except RetrievalError:
-                if "nb_renderer" not in document:
-                    raise
-                return VariableOutput(data={"text/plain": ""}, metadata={},
-                                      nb_renderer=document["nb_renderer"], vtype="glue")
+                page = _current.get("renderer")
+                if page is not None and _current.get("docname") == _docname(document):
+                    data = page.renderer.nb_client.glue_data
+                    if key in data:
+                        return VariableOutput(data=data[key]["data"], metadata=data[key].get("metadata", {}),
+                                              nb_renderer=page, vtype="glue")
+                if placeholder and "nb_renderer" in document:
+                    return VariableOutput(data={"text/plain": ""}, metadata={},
+                                          nb_renderer=document["nb_renderer"], vtype="glue")
+                raise
+            _current.update(docname=_docname(document), renderer=document["nb_renderer"])
+            return found
 
-        retrieve._placeholder = True
+        retrieve._original = original
         module.retrieve_glue_data = retrieve
 
 
@@ -93,8 +116,7 @@ def configure(app, config) -> None:
         options["article_header_end"] = ["lang-switch.html", *end]
     if is_chinese(config):
         patch_glue_for_chinese()
-    if config.i18n_extract_only:
-        patch_glue_for_extraction()
+    patch_glue_lookup(placeholder=bool(config.i18n_extract_only))
 
 
 def setup(app):
