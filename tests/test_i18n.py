@@ -210,6 +210,33 @@ def test_every_label_of_a_figure_is_swapped_or_reported():
         plt.close(fig)
 
 
+def test_glue_figure_glues_a_chinese_twin_and_leaves_the_figure_english(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import myst_nb
+
+    drawn = {}
+
+    def fake_glue(name, fig, display=True):  # what the page would show: the texts as drawn now
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        drawn[name] = [ax.get_title(), *(t.get_text() for t in ax.get_yticklabels())]
+
+    monkeypatch.setattr(myst_nb, "glue", fake_glue)
+    fig, ax = plt.subplots()
+    ax.set_yticks([0, 1], ["K/V heads", "query heads"])  # fixed tick labels: redrawn from the formatter
+    ax.set_title("GQA")  # language-neutral: no entry needed
+    try:
+        zh_figures.glue_figure("fig_t", fig, {"K/V heads": "K/V 头", "query heads": "查询头"})
+        assert drawn == {"fig_t": ["GQA", "K/V heads", "query heads"], "fig_t_zh": ["GQA", "K/V 头", "查询头"]}
+        fig.canvas.draw()
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["K/V heads", "query heads"]
+    finally:
+        plt.close(fig)
+
+
 def test_label_file_entries_are_chinese():
     labels = zh_figures.load_labels()
     assert labels, f"{zh_figures.LABELS} is empty"
@@ -223,6 +250,9 @@ def test_label_file_entries_are_chinese():
 def test_cjk_font_is_installed():
     # Debian's fonts-noto-cjk (README prerequisites; .ci/run installs it): without it the labels are boxes.
     assert "CJK" in zh_figures.cjk_family()
+    # Chromium (screenshots, `make pdf`) finds Chinese glyphs through fontconfig.
+    fc = subprocess.run(["fc-list", ":lang=zh-cn", "family"], capture_output=True, text=True)
+    assert "CJK" in fc.stdout, "fontconfig knows no Chinese font: Chinese pages would show empty boxes"
 
 
 # ---------------------------------------------------------------- the language switch

@@ -93,6 +93,7 @@ def chinese_texts(fig, labels: dict[str, str] | None = None) -> list[tuple[objec
     from matplotlib.text import Text
 
     labels = load_labels() if labels is None else labels
+    fig.canvas.draw()  # tick labels get their text when the figure is drawn
     changes, missing = [], []
     for t in fig.findobj(Text):
         text = t.get_text()
@@ -114,12 +115,41 @@ def chinese_texts(fig, labels: dict[str, str] | None = None) -> list[tuple[objec
     return changes
 
 
+def fixed_tick_labels(fig) -> list:
+    """The containers of fixed tick labels (`set_xticks(ticks, labels)`): a FixedFormatter's list, or the
+    {tick: label} dict behind the FuncFormatter that matplotlib 3.10 makes. Drawing the figure writes these
+    labels into the tick texts again, so they are swapped there too."""
+    import functools
+
+    from matplotlib.ticker import FixedFormatter, FuncFormatter
+
+    found = []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for fmt in (axis.get_major_formatter(), axis.get_minor_formatter()):
+                if isinstance(fmt, FixedFormatter):
+                    found.append(fmt.seq)
+                elif (isinstance(fmt, FuncFormatter) and isinstance(fmt.func, functools.partial)
+                      and fmt.func.args and isinstance(fmt.func.args[0], dict)):
+                    found.append(fmt.func.args[0])
+    return found
+
+
+def _swap(container, mapping: dict[str, str]) -> None:
+    keys = container.keys() if isinstance(container, dict) else range(len(container))
+    for k in keys:
+        container[k] = mapping.get(str(container[k]), container[k])
+
+
 def glue_figure(name: str, fig, labels: dict[str, str] | None = None) -> None:
     """Glue `fig` as `name` (English) and, with its labels in Chinese, as `name + "_zh"`."""
     from myst_nb import glue
 
     changes = chinese_texts(fig, labels)  # first: a missing label stops before anything is glued
     glue(name, fig, display=False)
+    ticks = [(c, c.copy()) for c in fixed_tick_labels(fig)]
+    for container, _ in ticks:
+        _swap(container, {en: zh for _, en, zh in changes})
     family = ["DejaVu Sans", cjk_family()]  # Latin glyphs as in English, CJK ones from Noto
     old_families = []
     for t, _, zh in changes:
@@ -130,3 +160,6 @@ def glue_figure(name: str, fig, labels: dict[str, str] | None = None) -> None:
     for (t, en, _), fam in zip(changes, old_families):  # leave the figure as the page drew it
         t.set_text(en)
         t.set_fontfamily(fam)
+    for container, original in ticks:
+        container.clear()
+        container.update(original) if isinstance(container, dict) else container.extend(original)
