@@ -31,4 +31,19 @@ WRONG = {
          "start = time.perf_counter()\n        nxt = run_prefill(model, input_ids, cache, attention_mask).argmax(dim=-1)  # (B,)",
          "nxt = run_prefill(model, input_ids, cache, attention_mask).argmax(dim=-1)  # (B,)\n        start = time.perf_counter()"),
     ],
+    # The prompt fed one token per call: the same logits for an unpadded prompt, but T calls, not one
+    # (and the padding mask is lost).
+    "prefill_token_by_token": [
+        ("prefill_decode", "logits = model(input_ids, cache=cache, attention_mask=attention_mask)  # (B, T, V)",
+         "for t in range(input_ids.shape[1]):\n        logits = model(input_ids[:, t:t + 1], cache=cache)"),
+    ],
+    # The generation loop never passes the mask on: left-padded prompts attend to their padding.
+    "loop_drops_mask": [
+        ("two_phase_generate", "run_prefill(model, input_ids, cache, attention_mask)", "run_prefill(model, input_ids, cache)"),
+    ],
+    # The cache in its default dtype (fp32) whatever the model's: a bf16 model cannot use it.
+    "cache_default_dtype": [
+        ("two_phase_generate", "T + max_new_tokens, dtype=model.dtype, device=model.device)",
+         "T + max_new_tokens, device=model.device)"),
+    ],
 }
