@@ -54,4 +54,18 @@ WRONG = {
     "planner_ignores_dtype": [
         ("max_batch", "kv_cache_bytes(cfg, 1, seq_len, dtype)", "kv_cache_bytes(cfg, 1, seq_len, torch.float32)"),
     ],
+    # Admits the requests in the order they came: stops at the first that does not fit.
+    "requests_in_arrival_order": [
+        ("max_requests", "lens = sorted(seq_lens)", "lens = list(seq_lens)"),
+    ],
+    # A StaticCache budgeted like per-sequence caches: the padding of shorter rows is forgotten.
+    "static_without_padding": [
+        ("max_requests", "need = kv_cache_bytes(cfg, k + 1, n, dtype)  # k + 1 rows, each padded to n slots",
+         "need = used + kv_cache_bytes(cfg, 1, n, dtype)"),
+    ],
+    # Every static row padded to the longest of ALL waiting requests, not of the chosen ones.
+    "static_pads_to_longest_waiting": [
+        ("max_requests", "need = kv_cache_bytes(cfg, k + 1, n, dtype)  # k + 1 rows, each padded to n slots",
+         "need = kv_cache_bytes(cfg, k + 1, max(lens), dtype)"),
+    ],
 }
