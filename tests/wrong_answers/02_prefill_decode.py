@@ -46,4 +46,18 @@ WRONG = {
         ("two_phase_generate", "T + max_new_tokens, dtype=model.dtype, device=model.device)",
          "T + max_new_tokens, device=model.device)"),
     ],
+    # Every chunk gets the whole mask (or the mask is dropped after the first chunk): padding handled wrongly.
+    "chunk_mask_not_sliced": [
+        ("prefill_chunked", "part = None if attention_mask is None else attention_mask[:, start:start + chunk_size]",
+         "part = attention_mask if start == 0 else None"),
+    ],
+    # Returns inside the loop: the logits of the first chunk's last token.
+    "chunk_returns_first": [
+        ("prefill_chunked", "logits = model(input_ids[:, start:start + chunk_size], cache=cache, attention_mask=part)  # (B, chunk, V)",
+         "return model(input_ids[:, start:start + chunk_size], cache=cache, attention_mask=part)[:, -1]"),
+    ],
+    # No check of chunk_size: 0 happens to raise (range's own ValueError), but -2 runs no chunk at all.
+    "chunk_size_not_checked": [
+        ("prefill_chunked", "if not isinstance(chunk_size, int) or chunk_size < 1:", "if False:"),
+    ],
 }
