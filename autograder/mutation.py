@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -38,10 +39,21 @@ EQUIVALENT_FILE = Path(__file__).with_name("mutants_equivalent.toml")
 TARGET = 0.9  # share of the non-equivalent mutants that must lose points
 
 
+STRETCH_HEADING = re.compile(r"^##\s+Stretch \(optional, ungraded\):", re.M)
+
+
 def chapter_mutants(source: nbs.NotebookNode) -> list[tuple[int, Mutant]]:
-    """(cell index, mutant) for every answer cell of an instructor source, in cell order."""
-    return [(i, m) for i, c in enumerate(source.cells) if c.cell_type == "code" and nbs.is_answer(c)
-            for m in mutate_cell(c.source, nbs.grade_id(c))]
+    """(cell index, mutant) for every answer cell of an instructor source, in cell order.
+
+    The optional stretch exercise at the end (``## Stretch (optional, ungraded): ...``) carries no points,
+    so no test cell grades it: its answer cells are left out."""
+    found = []
+    for i, c in enumerate(source.cells):
+        if c.cell_type == "markdown" and STRETCH_HEADING.search(c.source):
+            break
+        if c.cell_type == "code" and nbs.is_answer(c):
+            found += [(i, m) for m in mutate_cell(c.source, nbs.grade_id(c))]
+    return found
 
 
 def load_equivalent(path: Path = EQUIVALENT_FILE) -> dict[str, dict[str, str]]:

@@ -101,6 +101,16 @@ def tiny_notebook(test_source: str) -> nbformat.NotebookNode:
     ])
 
 
+def test_stretch_answer_cells_are_not_mutated():
+    # The ungraded stretch exercise at the end carries no points: no test could kill its mutants.
+    nb = tiny_notebook("assert add(2, 3) == 5")
+    nb.cells += [nbformat.v4.new_markdown_cell("## Stretch (optional, ungraded): more\nEstimated time: about 10 min"),
+                 nbs.nbgrader_cell("answer", "stretch_mul",
+                                   "def mul(a, b):\n    ### BEGIN SOLUTION\n    return a * b\n    ### END SOLUTION")]
+    found = chapter_mutants(nb)
+    assert found and {m.key.split(":")[0] for _, m in found} == {"add"}
+
+
 def test_in_process_grader_kills_what_a_test_catches():
     nb = tiny_notebook("with grading.checked(seconds=10):\n    assert add(2, 3) == 5")
     found = chapter_mutants(nb)

@@ -3,6 +3,14 @@
 name -> list of (grade_id of an answer cell, exact text in the solution, replacement text), as in tests/wrong_answers/.
 """
 
+CHUNKED = (
+    "    for start in range(0, input_ids.shape[1], chunk_size):\n"
+    "        part = None if attention_mask is None else attention_mask[:, start:start + chunk_size]  # (B, chunk)\n"
+    "        logits = model(input_ids[:, start:start + chunk_size], cache=cache, attention_mask=part)  # (B, chunk, V)\n"
+    "    return logits[:, -1]\n")
+CHECK = ("    if not isinstance(chunk_size, int) or chunk_size < 1:\n"
+         "        raise ValueError(f\"chunk_size must be a positive int (tokens per call), got {chunk_size!r}\")\n")
+
 RIGHT = {
     # Explicit indexing instead of [:, -1], unsqueeze/squeeze, tokens kept in a preallocated tensor.
     "index_and_preallocate": [
@@ -28,6 +36,12 @@ RIGHT = {
          "            stats[\"decode_s\"].append(time.perf_counter() - t0)\n"
          "            tokens[:, T + i] = nxt\n"
          "    return tokens, stats"),
+        # torch.split of the ids and the mask, zipped
+        ("prefill_chunked", CHUNKED,
+         "    masks = [None] * input_ids.shape[1] if attention_mask is None else attention_mask.split(chunk_size, dim=1)\n"
+         "    for piece, m in zip(input_ids.split(chunk_size, dim=1), masks):\n"
+         "        out = model(piece, cache=cache, attention_mask=m)\n"
+         "    return out[:, -1, :]\n"),
     ],
     # Timestamps first, differences afterwards; numpy floats in the stats (the text asks for floats).
     "timestamps_then_differences": [
@@ -55,5 +69,17 @@ RIGHT = {
          "    gaps = np.diff(stamps)\n"
          "    stats = {\"ttft_s\": gaps[0], \"decode_s\": list(gaps[1:])}\n"
          "    return torch.cat([input_ids, torch.stack(new, dim=1)], dim=1), stats"),
+        # the check written with type() and <= 0; a while loop over the start position
+        ("prefill_chunked", CHECK,
+         "    if type(chunk_size) is not int or chunk_size <= 0:\n"
+         "        raise ValueError('chunk_size: a whole number of tokens >= 1')\n"),
+        ("prefill_chunked", CHUNKED,
+         "    start, T = 0, input_ids.shape[1]\n"
+         "    while start < T:\n"
+         "        end = min(start + chunk_size, T)\n"
+         "        kw = {} if attention_mask is None else {'attention_mask': attention_mask[:, start:end]}\n"
+         "        logits = model(input_ids[:, start:end], cache=cache, **kw)\n"
+         "        start = end\n"
+         "    return logits[:, -1]\n"),
     ],
 }

@@ -42,4 +42,18 @@ WRONG = {
     "feeds_last_token": [
         ("generate_cached", "if step < max_new_tokens - 1:  # the last token is returned, never fed back", "if True:"),
     ],
+    # True division in the quadratic term: the right number of rows, as a float.
+    "rows_as_float": [
+        ("work_formulas", "return B * (N * T + N * (N - 1) // 2)", "return B * (N * T + N * (N - 1) / 2)"),
+    ],
+    # The call without the cache also numbers its tokens from current_pos (the text: positions start at 0).
+    "no_cache_uses_position": [
+        ("gpt_with_cache", "pos_ids = torch.arange(T, device=in_idx.device)  # positions 0 .. T-1",
+         "pos_ids = torch.arange(self.current_pos, self.current_pos + T, device=in_idx.device)"),
+    ],
+    # current_pos advances on every call, with or without the cache.
+    "no_cache_moves_position": [
+        ("gpt_with_cache", "x = self.tok_emb(in_idx) + self.pos_emb(pos_ids)  # (B, T, emb_dim)",
+         "x = self.tok_emb(in_idx) + self.pos_emb(pos_ids)  # (B, T, emb_dim)\n        self.current_pos += 0 if use_cache else T"),
+    ],
 }

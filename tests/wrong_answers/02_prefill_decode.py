@@ -31,4 +31,33 @@ WRONG = {
          "start = time.perf_counter()\n        nxt = run_prefill(model, input_ids, cache, attention_mask).argmax(dim=-1)  # (B,)",
          "nxt = run_prefill(model, input_ids, cache, attention_mask).argmax(dim=-1)  # (B,)\n        start = time.perf_counter()"),
     ],
+    # The prompt fed one token per call: the same logits for an unpadded prompt, but T calls, not one
+    # (and the padding mask is lost).
+    "prefill_token_by_token": [
+        ("prefill_decode", "logits = model(input_ids, cache=cache, attention_mask=attention_mask)  # (B, T, V)",
+         "for t in range(input_ids.shape[1]):\n        logits = model(input_ids[:, t:t + 1], cache=cache)"),
+    ],
+    # The generation loop never passes the mask on: left-padded prompts attend to their padding.
+    "loop_drops_mask": [
+        ("two_phase_generate", "run_prefill(model, input_ids, cache, attention_mask)", "run_prefill(model, input_ids, cache)"),
+    ],
+    # The cache in its default dtype (fp32) whatever the model's: a bf16 model cannot use it.
+    "cache_default_dtype": [
+        ("two_phase_generate", "T + max_new_tokens, dtype=model.dtype, device=model.device)",
+         "T + max_new_tokens, device=model.device)"),
+    ],
+    # Every chunk gets the whole mask (or the mask is dropped after the first chunk): padding handled wrongly.
+    "chunk_mask_not_sliced": [
+        ("prefill_chunked", "part = None if attention_mask is None else attention_mask[:, start:start + chunk_size]",
+         "part = attention_mask if start == 0 else None"),
+    ],
+    # Returns inside the loop: the logits of the first chunk's last token.
+    "chunk_returns_first": [
+        ("prefill_chunked", "logits = model(input_ids[:, start:start + chunk_size], cache=cache, attention_mask=part)  # (B, chunk, V)",
+         "return model(input_ids[:, start:start + chunk_size], cache=cache, attention_mask=part)[:, -1]"),
+    ],
+    # No check of chunk_size: 0 happens to raise (range's own ValueError), but -2 runs no chunk at all.
+    "chunk_size_not_checked": [
+        ("prefill_chunked", "if not isinstance(chunk_size, int) or chunk_size < 1:", "if False:"),
+    ],
 }

@@ -42,4 +42,30 @@ WRONG = {
     "planner_negative_batch": [
         ("max_batch", "return max(kv_budget, 0) // per_sequence", "return kv_budget // per_sequence"),
     ],
+    # The head dimension taken as d_model / H: right unless the config gives head_dim explicitly.
+    "head_dim_from_d_model": [
+        ("kv_cache_bytes", "cfg.n_kv_heads * cfg.head_dim", "cfg.n_kv_heads * (cfg.d_model // cfg.n_heads)"),
+    ],
+    # A strict inequality: when the budget holds exactly n sequences, only n - 1 are planned.
+    "planner_exact_fit_excluded": [
+        ("max_batch", "return max(kv_budget, 0) // per_sequence", "return max(kv_budget - 1, 0) // per_sequence"),
+    ],
+    # The planner always budgets an fp32 cache, whatever dtype it is given.
+    "planner_ignores_dtype": [
+        ("max_batch", "kv_cache_bytes(cfg, 1, seq_len, dtype)", "kv_cache_bytes(cfg, 1, seq_len, torch.float32)"),
+    ],
+    # Admits the requests in the order they came: stops at the first that does not fit.
+    "requests_in_arrival_order": [
+        ("max_requests", "lens = sorted(seq_lens)", "lens = list(seq_lens)"),
+    ],
+    # A StaticCache budgeted like per-sequence caches: the padding of shorter rows is forgotten.
+    "static_without_padding": [
+        ("max_requests", "need = kv_cache_bytes(cfg, k + 1, n, dtype)  # k + 1 rows, each padded to n slots",
+         "need = used + kv_cache_bytes(cfg, 1, n, dtype)"),
+    ],
+    # Every static row padded to the longest of ALL waiting requests, not of the chosen ones.
+    "static_pads_to_longest_waiting": [
+        ("max_requests", "need = kv_cache_bytes(cfg, k + 1, n, dtype)  # k + 1 rows, each padded to n slots",
+         "need = kv_cache_bytes(cfg, k + 1, max(lens), dtype)"),
+    ],
 }

@@ -2,10 +2,10 @@
 
 # name -> list of (grade_id of an answer cell, exact text in the solution, replacement text)
 WRONG = {
-    # Query head h reads K/V head h % H_kv (what k.repeat(1, G, 1, 1) gives) instead of h // G
-    # (what k.repeat_interleave(G, dim=1) gives): the groups are interleaved instead of consecutive.
+    # Query head h reads K/V head h % H_kv (what k.repeat(1, n_rep, 1, 1) gives) instead of h // n_rep
+    # (what k.repeat_interleave(n_rep, dim=1) gives): the groups are interleaved instead of consecutive.
     "head_mapping_modulo": [
-        ("grouped_attention", "qg = q.reshape(B, H_kv, G, T, D)", "qg = q.reshape(B, G, H_kv, T, D).transpose(1, 2)"),
+        ("grouped_attention", "qg = q.reshape(B, H_kv, n_rep, T, D)", "qg = q.reshape(B, n_rep, H_kv, T, D).transpose(1, 2)"),
         ("grouped_attention", "return out.reshape(B, H, T, D)", "return out.transpose(1, 2).reshape(B, H, T, D)"),
     ],
     # Forgets to divide the scores by sqrt(D): softmax too peaked.
@@ -27,5 +27,17 @@ WRONG = {
     # Handles the string "causal" but ignores explicit (padding / window) masks.
     "explicit_mask_ignored": [
         ("grouped_attention", "if mask is not None:", "if isinstance(mask, torch.Tensor) and mask.dim() == 2:"),
+    ],
+    # repeat_kv tiles the whole set of heads (0, 1, 0, 1, ...) instead of copying each in a row.
+    "repeat_kv_tiles": [
+        ("repeat_kv", "x[:, :, None].expand(B, H_kv, n_rep, S, D)", "x[:, None].expand(B, n_rep, H_kv, S, D)"),
+    ],
+    # repeat_kv copies even when n_rep == 1 (the text: return x itself).
+    "repeat_kv_copies_for_one": [
+        ("repeat_kv", "    if n_rep == 1:\n        return x  # nothing to copy\n", ""),
+    ],
+    # An explicit mask is used only when it has a batch dimension of B: a (1, 1, T, S) window is dropped.
+    "broadcast_mask_ignored": [
+        ("grouped_attention", "if mask is not None:", "if mask is not None and mask.shape[0] == B:"),
     ],
 }
