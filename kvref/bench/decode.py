@@ -160,22 +160,22 @@ def compile_and_roofline(model, device, prompt, new, repeats, modes, log) -> tup
 
 # -- 3. kvref vs HF by batch ---------------------------------------------------------------------
 def versus_hf(model, hf, batches, prompt, new, repeats, log) -> list[list[str]]:
-    rows = []
+    rows, device = [], model.device
     for B in batches:
         log(f"kvref vs HF, B={B}")
-        ids, out = prompt_ids(B, prompt, model.cfg.vocab_size, seed=B), {}
+        ids, out = prompt_ids(B, prompt, model.cfg.vocab_size, seed=B).to(device), {}
 
         def ours() -> float:
-            t0 = time.perf_counter()
+            t0 = sync(device)
             out["kvref"] = kvref.generate(model, ids, new, cache="static").tokens
-            return time.perf_counter() - t0
+            return sync(device) - t0
 
         def theirs() -> float:
-            t0 = time.perf_counter()
+            t0 = sync(device)
             with torch.inference_mode():
                 out["hf"] = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
                                         min_new_tokens=new, pad_token_id=hf.config.eos_token_id)
-            return time.perf_counter() - t0
+            return sync(device) - t0
 
         t = interleave({"kvref": ours, "hf": theirs}, repeats)
         same = out["kvref"].shape == out["hf"].shape and bool((out["kvref"] == out["hf"]).all())
@@ -224,6 +224,15 @@ def paged_in_place(device, B, S, repeats, block_size, log) -> tuple[list[list[st
     return rows, info
 
 
+def guarded(title: str, section: Callable[[], list[str]]) -> list[str]:
+    """A section's markdown lines, or, if it raises, its title and the error (the other sections still run)."""
+    try:
+        return section()
+    except Exception as e:  # e.g. a compiler that fails on this machine: report it, do not lose the rest
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return [f"{title}\n", f"**failed**: {type(e).__name__}: {first}", ""]
+
+
 def report(device: torch.device, quick: bool, repeats: int, log) -> str:
     """All four tables as one markdown string."""
     prompt, new = 32, (8 if quick else 32)
@@ -231,27 +240,36 @@ def report(device: torch.device, quick: bool, repeats: int, log) -> str:
     model, hf = gpt2_pair(0)
     if quick:  # a smoke run: 2 layers compile fast
         model = kvref.Transformer(model.cfg.with_(n_layers=2)).eval()
-    model = model.to(device)
+    model, hf = model.to(device), hf.to(device)
     modes = ["default", "reduce-overhead"] if device.type == "cuda" else ["default"]
-    h1, rows1, rows2, info = compile_and_roofline(model, device, prompt, new, repeats, modes, log)
-    out = [f"### 1. torch.compile of the decode step ({device.type}, {model.cfg.n_layers} layers, "
-           f"prompt {prompt}, {new} new, B=1; {repeats} interleaved repeats, each the median of {new - 1} steps)\n",
-           table(h1, rows1), "",
-           "; ".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in info.items()), "",
-           "### 2. decode vs the memory-bandwidth roofline (B=1, same run)\n",
-           table(["measurement", "value", "note"], rows2), ""]
-    if device.type == "cpu" and not quick:
-        out += [f"### 3. kvref generate vs HF generate (prompt {prompt}, {new} new, greedy, prefill included; "
-                f"{repeats} interleaved repeats)\n",
-                table(["batch", "kvref tok/s", "HF tok/s", "kvref / HF (median)", "target", "greedy tokens"],
-                      versus_hf(model, hf, batches, prompt, new, repeats, log)), ""]
+    title1 = (f"### 1. torch.compile of the decode step ({device.type}, {model.cfg.n_layers} layers, prompt {prompt}, "
+              f"{new} new, B=1; {repeats} interleaved repeats, each the median of {new - 1} steps)")
+
+    def sections_1_2() -> list[str]:
+        h1, rows1, rows2, info = compile_and_roofline(model, device, prompt, new, repeats, modes, log)
+        return [title1 + "\n", table(h1, rows1), "",
+                "; ".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in info.items()), "",
+                "### 2. decode vs the memory-bandwidth roofline (B=1, same run)\n",
+                table(["measurement", "value", "note"], rows2), ""]
+
+    out = guarded(title1, sections_1_2)
+    if not quick:  # the 2-layer quick model has not the HF weights
+        title3 = (f"### 3. kvref generate vs HF generate ({device.type}, prompt {prompt}, {new} new, greedy, "
+                  f"prefill included; {repeats} interleaved repeats)")
+        out += guarded(title3, lambda: [title3 + "\n", table(
+            ["batch", "kvref tok/s", "HF tok/s", "kvref / HF (median)", "target", "greedy tokens"],
+            versus_hf(model, hf, batches, prompt, new, repeats, log)), ""])
     S, B = (128, 4) if quick else (512, 16)
-    rows4, info4 = paged_in_place(device, B, S, 5 if quick else max(repeats, 15), 16, log)
-    out += [f"### 4. one decode step over the paged cache ({device.type}, B={B}, S={S}, 16-token blocks, "
-            f"serving model: 4 layers, 8/2 heads of 64)\n",
-            table(["cache", "median ms (min-max)", "/ static (median)", "bytes copied per step"], rows4), "",
-            "; ".join(f"{k}: {float(v):.3g}" for k, v in info4.items()), ""]
-    return "\n".join(out)
+    title4 = (f"### 4. one decode step over the paged cache ({device.type}, B={B}, S={S}, 16-token blocks, "
+              f"serving model: 4 layers, 8/2 heads of 64)")
+
+    def section_4() -> list[str]:
+        rows4, info4 = paged_in_place(device, B, S, 5 if quick else max(repeats, 15), 16, log)
+        return [title4 + "\n", table(["cache", "median ms (min-max)", "/ static (median)",
+                                        "bytes copied per step"], rows4), "",
+                "; ".join(f"{k}: {float(v):.3g}" for k, v in info4.items()), ""]
+
+    return "\n".join(out + guarded(title4, section_4))
 
 
 def main(argv: list[str] | None = None) -> None:
