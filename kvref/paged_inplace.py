@@ -21,6 +21,8 @@ implementation, slow); ``compile=True`` (default) uses ``torch.compile(flex_atte
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -111,5 +113,7 @@ class InPlacePagedKVCache(PagedKVCache):
         if layer == 0:
             self.in_place_steps += 1
         pool_k, pool_v = self.k[layer][None], self.v[layer][None]  # (1, H_kv, slots, D): the pool itself
-        return self.flex(q, pool_k, pool_v, block_mask=self._step["block_mask"],
-                         enable_gqa=q.shape[1] != pool_k.shape[1])  # (B, H, 1, D)
+        with warnings.catch_warnings():  # compile=False chose the unfused reference on purpose
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            return self.flex(q, pool_k, pool_v, block_mask=self._step["block_mask"],
+                             enable_gqa=q.shape[1] != pool_k.shape[1])  # (B, H, 1, D)
