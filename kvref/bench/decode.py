@@ -117,15 +117,18 @@ def bandwidth_probe(device: torch.device) -> tuple[Callable[[], float], str, int
 def compile_and_roofline(model, device, prompt, new, repeats, modes, log) -> tuple[list[str], list[list[str]],
                                                                                    list[list[str]], dict]:
     ids = prompt_ids(1, prompt, model.cfg.vocab_size).to(device)
-    cache = kvref.StaticCache(model.cfg, 1, prompt + new, dtype=model.dtype, device=device)
-    decoders, info = {}, {}
-    torch._dynamo.reset()
+
+    def new_cache() -> kvref.StaticCache:
+        return kvref.StaticCache(model.cfg, 1, prompt + new, dtype=model.dtype, device=device)
+
+    cache, decoders, caches, info = new_cache(), {}, {}, {}  # one cache per compiled decoder (CUDA graphs
+    torch._dynamo.reset()  # pin their caches' addresses), reset and reused by every run of that decoder
     for mode in modes:
         log(f"compiling the decode step ({mode})")
-        dec = CompiledDecoder(model, mode=None if mode == "default" else mode)
+        dec, caches[mode] = CompiledDecoder(model, mode=None if mode == "default" else mode), new_cache()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            compiled_loop(dec, model, ids, 3, cache)  # the first steps compile (and record CUDA graphs)
+            compiled_loop(dec, model, ids, 3, caches[mode])  # the first steps compile (and record CUDA graphs)
         info[f"compile s ({mode})"] = time.perf_counter() - t0
         decoders[mode] = dec
     with torch.inference_mode():
@@ -133,12 +136,12 @@ def compile_and_roofline(model, device, prompt, new, repeats, modes, log) -> tup
         kvref.prefill(model, ids, cache)
         info["graph breaks"] = graph_breaks(model, cache, ids[:, -1])
         eager_tokens = eager_loop(model, ids, new, cache)[1]
-        info["identical"] = {m: torch.equal(compiled_loop(d, model, ids, new, cache)[1], eager_tokens)
+        info["identical"] = {m: torch.equal(compiled_loop(d, model, ids, new, caches[m])[1], eager_tokens)
                              for m, d in decoders.items()}
     probe, probe_what, _ = bandwidth_probe(device)
     runs = {"eager": lambda: eager_loop(model, ids, new, cache)[0], "probe": lambda: 1 / probe()}
     for m, d in decoders.items():
-        runs[f"compiled ({m})"] = lambda d=d: compiled_loop(d, model, ids, new, cache)[0]
+        runs[f"compiled ({m})"] = lambda d=d, m=m: compiled_loop(d, model, ids, new, caches[m])[0]
     log(f"timing eager / compiled / bandwidth, {repeats} interleaved repeats")
     with torch.inference_mode():
         times = interleave(runs, repeats)
