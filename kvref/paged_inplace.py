@@ -8,8 +8,9 @@ decode step (one new token per row) attention reads the keys and values where th
     flex_attention(q (B, H, 1, D), K pool (1, H_kv, slots, D), V pool, block_mask)
 
 The ``BlockMask`` is the block table in the form FlexAttention takes: for query row b, the
-physical blocks it must visit (``kv_indices[b]``, in table order, ``kv_num_blocks[b]`` of them),
-and a ``mask_mod`` that hides the unfilled tail of the last block. FlexAttention skips every
+physical blocks it must visit: its full blocks (``full_kv_indices[b]``, in table order), read
+without any mask, and its partly filled last block (``kv_indices[b]``), where a ``mask_mod``
+hides the slots not yet written. FlexAttention skips every
 block not listed, so each row reads its own blocks and nothing else; compiled, it runs the
 online softmax of kvref/splitk.py over them (FlashAttention's running max and sum).
 
@@ -90,9 +91,14 @@ class InPlacePagedKVCache(PagedKVCache):
         else:  # in place: the mask_mod reads these two tensors
             self._p2l.copy_(p2l)
             self._kv_len.copy_(lengths + 1)
-        counts = torch.tensor([-(-(s.length + 1) // bs) for s in seqs], dtype=torch.int32)
+        # full blocks need no mask_mod; the partly filled last block (if any) does
+        n_full = torch.tensor([(s.length + 1) // bs for s in seqs], dtype=torch.int32)  # (B,)
+        n_part = torch.tensor([int((s.length + 1) % bs != 0) for s in seqs], dtype=torch.int32)
+        part = torch.zeros(B, n_blocks, dtype=torch.int32)
+        part[:, 0] = torch.tensor([s.table[(s.length + 1) // bs] if (s.length + 1) % bs else 0 for s in seqs])
+        as_mask = lambda t: t.view(B, 1, 1, -1).to(dev)  # noqa: E731  (B, H=1, query blocks=1, ...)
         step["block_mask"] = BlockMask.from_kv_blocks(
-            counts.view(B, 1, 1).to(dev), table.view(B, 1, 1, n_blocks).to(dev), BLOCK_SIZE=(1, bs),
+            as_mask(n_part)[..., 0], as_mask(part), as_mask(n_full)[..., 0], as_mask(table), BLOCK_SIZE=(1, bs),
             mask_mod=self._mask_mod, seq_lengths=(1, n_blocks * bs))
         step["shape"] = (B, S, 1)
 
