@@ -41,7 +41,7 @@ PYTEST_ARGS ?=
 # Recipes (and the tools they start, e.g. nbgrader and the notebook kernel) use the venv.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv js book pdf test clean release grade student check i18n-update i18n-check
+.PHONY: venv js book pdf test clean release grade student check i18n-update i18n-check gpu-check
 
 venv: $(STAMP)
 
@@ -113,6 +113,11 @@ student: $(STAMP)
 check: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make check NB=03_memory" >&2; exit 2; }
 	$(PY) -m autograder check notebooks/$(NB).ipynb
+
+# The GPU check: CUDA tests, decode benchmark on CUDA (eager, compiled, CUDA graphs, paged in place, roofline)
+# into one markdown report, gpu_report.md. Without a CUDA device it says "no CUDA device" and exits with status 3.
+gpu-check: $(STAMP)
+	$(PY) -m kvref.bench gpu --out gpu_report.md
 
 clean:
 	rm -rf _build

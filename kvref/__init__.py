@@ -6,7 +6,9 @@
 
 One concept per module: config, model (+ attention), cache, generate, hf (loading), memory
 (the formula and a planner), paged + prefix (block pool, prefix caching), chunked, serve
-(continuous batching), quant (int8/int4 KV), evict (window, sinks, H2O), train (the tiny model).
+(continuous batching), quant (int8/int4 KV), evict (window, sinks, H2O), train (the tiny model);
+for decode speed: compiled (a decode step torch.compile takes whole), splitk (online softmax and
+split-K attention, for reading), paged_inplace (paged decode attention in place with FlexAttention).
 """
 
 from .cache import DynamicCache, KVCache, StaticCache

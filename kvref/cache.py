@@ -35,6 +35,7 @@ class KVCache(nn.Module):
 
     window: int | None = None  # a bounded cache sets this: queries see at most `window` newest keys
     observes = False  # set True to have the model call observe() with each layer's queries (H2O)
+    reads_in_place = False  # True: the model calls attend() instead of update() + attention (paged_inplace)
 
     # -- the interface ---------------------------------------------------------------------------
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

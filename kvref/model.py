@@ -80,6 +80,9 @@ class Attention(nn.Module):
         v = v.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)  # rotate before caching: cached K keep their position
+        if cache is not None and cache.reads_in_place:  # stores k, v and attends where they lie (paged_inplace)
+            y = cache.attend(self.layer, q, k, v, mask, self.attend)  # (B, H, T, D)
+            return self.proj(y.transpose(1, 2).reshape(B, T, H * D))
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, H_kv, S, D): all keys so far, new ones last
             if cache.observes:

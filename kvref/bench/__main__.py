@@ -13,6 +13,8 @@ BENCHMARKS = {
     "core": "cache vs no cache, kvref vs HF transformers, bandwidth roofline, torch.compile",
     "serving": "paged vs contiguous KV memory, prefix caching, block-table decode speed",
     "quality": "what quantised and evicting caches cost in output quality",
+    "decode": "compiled decode, roofline, kvref vs HF by batch, paged attention in place (FlexAttention)",
+    "gpu": "the GPU check: CUDA tests, decode benchmark on CUDA, one markdown report",
 }
 
 
