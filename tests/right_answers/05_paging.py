@@ -22,6 +22,16 @@ RIGHT = {
          "    return torch.cat(parts, dim=1) if parts else pool[:, :0]"),
         ("waste", CEIL, "    return math.ceil(n_tokens / block_size)"),
         ("block_allocator", "block = self.free_ids.pop(0)", "block = min(self.free_ids)\n        self.free_ids.remove(block)"),
+        ("copy_on_write",
+         "    for block in table:\n        alloc.share(block)\n    return list(table)",
+         "    new_table = table[:]\n    for block in new_table:\n        alloc.share(block)\n    return new_table"),
+        ("copy_on_write",
+         "        src = slice(old * block_size, old * block_size + offset)  # the rows already written\n"
+         "        dst = slice(new * block_size, new * block_size + offset)\n"
+         "        k_pool[:, dst] = k_pool[:, src]  # (H_kv, offset, D)\n"
+         "        v_pool[:, dst] = v_pool[:, src]\n",
+         "        for pool in (k_pool, v_pool):  # the whole block: the unwritten rows do no harm\n"
+         "            pool[:, new * block_size:(new + 1) * block_size] = pool[:, old * block_size:(old + 1) * block_size]\n"),
     ],
     # A flat index list built in Python, and the paged attention written out with its own causal mask.
     "python_index_and_own_attention": [
@@ -37,5 +47,20 @@ RIGHT = {
          "    allowed = torch.arange(n_tokens)[None, :] <= torch.arange(n_tokens - T, n_tokens)[:, None]\n"
          "    return torch.softmax(s.masked_fill(~allowed, float('-inf')), dim=-1) @ v"),
         ("waste", CEIL, "    return (n_tokens + block_size - 1) // block_size"),
+        ("copy_on_write",
+         "    offset = n_tokens % block_size  # where the token goes inside its block\n"
+         "    if offset == 0:  # the last block is full (or there is none yet): a fresh block\n"
+         "        table.append(alloc.allocate())\n"
+         "    elif alloc.refs[table[-1]] > 1:",
+         "    offset = n_tokens % block_size  # where the token goes inside its block\n"
+         "    if n_tokens == len(table) * block_size:\n"
+         "        table += [alloc.allocate()]\n"
+         "    elif alloc.refs[table[-1]] != 1:"),
+        ("copy_on_write",
+         "        k_pool[:, dst] = k_pool[:, src]  # (H_kv, offset, D)\n"
+         "        v_pool[:, dst] = v_pool[:, src]\n",
+         "        rows = torch.arange(offset)\n"
+         "        k_pool.index_copy_(1, new * block_size + rows, k_pool.index_select(1, old * block_size + rows))\n"
+         "        v_pool.index_copy_(1, new * block_size + rows, v_pool.index_select(1, old * block_size + rows))\n"),
     ],
 }

@@ -58,4 +58,53 @@ WRONG = {
     "hits_in_blocks": [
         ("prefix_hash", "hits.append(found * block_size)", "hits.append(found)"),
     ],
+    # share() of a free block accepted: the block gets a holder while it stays on the free list.
+    "share_free_block_accepted": [
+        ("block_allocator",
+         "        if self.refs[block] == 0:\n            raise ValueError(f\"block {block} is free; only",
+         "        if False:\n            raise ValueError(f\"block {block} is free; only"),
+    ],
+    # A Python loop over tokens in the gather: right rows, one indexing operation per token.
+    "gather_loops_over_tokens": [
+        ("paged_attention",
+         "    return pool[:, slots]  # (H_kv, S, D)",
+         "    return torch.stack([pool[:, s] for s in slots.tolist()], dim=1) if len(slots) else pool[:, :0]"),
+    ],
+    # The slot of a token counted from the block's end instead of its start.
+    "slot_from_block_end": [
+        ("slot_of", "return table[i // block_size] * block_size + i % block_size",
+         "return (table[i // block_size] + 1) * block_size - 1 - i % block_size"),
+    ],
+    # fork() copies the table but adds no holder: the first writer never sees the block as shared and writes into
+    # the other sample's tokens.
+    "fork_without_share": [
+        ("copy_on_write", "    for block in table:\n        alloc.share(block)\n", ""),
+    ],
+    # fork() returns the same list: both samples append to one table.
+    "fork_returns_same_table": [
+        ("copy_on_write", "    return list(table)  # a new list", "    return table  # a new list"),
+    ],
+    # No copy on write: the first sample writes its token into the block it shares with the others.
+    "cow_never_copies": [
+        ("copy_on_write", "    elif alloc.refs[table[-1]] > 1:", "    elif False:"),
+    ],
+    # Copies whenever the token goes into a partly filled block, even when it is the block's only holder.
+    "cow_always_copies": [
+        ("copy_on_write", "    elif alloc.refs[table[-1]] > 1:", "    elif alloc.refs[table[-1]] >= 1:"),
+    ],
+    # Gives up the hold on the old block before the new one is allocated: a full pool raises with the holders changed.
+    "cow_frees_before_allocating": [
+        ("copy_on_write",
+         "        old, new = table[-1], alloc.allocate()  # allocate first: a full pool raises before anything changed",
+         "        old = table[-1]\n        alloc.free(old)\n        new = alloc.allocate()"),
+        ("copy_on_write", "        alloc.free(old)  # the other holders keep the old block\n", ""),
+    ],
+    # Keeps its hold on the old block after the copy: the block leaks, and its last real holder copies it again.
+    "cow_keeps_old_hold": [
+        ("copy_on_write", "        alloc.free(old)  # the other holders keep the old block\n", ""),
+    ],
+    # Copies the keys but not the values.
+    "cow_copies_keys_only": [
+        ("copy_on_write", "        v_pool[:, dst] = v_pool[:, src]\n", ""),
+    ],
 }

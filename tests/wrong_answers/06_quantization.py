@@ -50,4 +50,8 @@ WRONG = {
         ("quantize_int8", "return (codes.float() * scale.float() + zero.float()).to(scale.dtype)",
          "return codes.to(scale.dtype) * scale + zero"),
     ],
+    # The warm-up's code truncated instead of rounded to the nearest step.
+    "code_of_truncates": [("code_of", "    return round((x - lo) / scale)", "    return int((x - lo) / scale)")],
+    # The warm-up's code counted on a grid of 256 steps.
+    "code_of_256_steps": [("code_of", "scale = (hi - lo) / 255", "scale = (hi - lo) / 256")],
 }

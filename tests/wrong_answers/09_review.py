@@ -26,4 +26,8 @@ WRONG = {
     "uncached_rows_no_growth": [("kv_rows", "return batch * sum(T + i for i in range(N))", "return batch * N * T")],
     # Counts one sequence only.
     "rows_forget_batch": [("kv_rows", "return batch * (T + N - 1)", "return T + N - 1")],
+    # The practice question: H counts query heads, not K/V heads.
+    "practice_query_heads": [("q0", 'answer_q0 = "B"', 'answer_q0 = "A"')],
+    # head_dim taken as d_model / n_heads: true of most presets, not of every model.
+    "head_dim_from_d_model": [("kv_cache_gib", "cfg.n_kv_heads * cfg.head_dim", "cfg.n_kv_heads * (cfg.d_model // cfg.n_heads)")],
 }
