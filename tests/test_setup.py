@@ -198,6 +198,17 @@ def test_book_builds(built_book):
     assert "Traceback" not in page
 
 
+@pytest.mark.slow
+def test_no_page_shows_stderr(built_book):
+    """A warning a cell writes to stderr (a missing font glyph, a deprecation) shows on the page as a red box of
+    log text: a reader of either edition must never see one. myst-nb marks such outputs `output stderr`."""
+    assert built_book.returncode == 0
+    pages = sorted(built_book.html.glob("book/*.html")) + sorted(built_book.html.glob("zh/book/*.html"))
+    assert len(pages) >= 22, "both editions' chapters should be there"
+    noisy = [str(p.relative_to(built_book.html)) for p in pages if "output stderr" in p.read_text()]
+    assert not noisy, f"pages showing a cell's stderr: {noisy}"
+
+
 def test_pyproject_dependencies_match_the_pins():
     """pip install . must get what kvref imports, at the versions requirements.txt pins: an open
     torch range resolves to the newest torch, a multi-GB CUDA build on Linux."""

@@ -151,11 +151,14 @@ def glue_figure(name: str, fig, labels: dict[str, str] | None = None) -> None:
     for container, _ in ticks:
         _swap(container, {en: zh for _, en, zh in changes})
     family = ["DejaVu Sans", cjk_family()]  # Latin glyphs as in English, CJK ones from Noto
+    # A label with math is drawn by mathtext, whose plain-text parts take only the FIRST family:
+    # Noto first there (it has Latin glyphs too), else every Chinese character is a dummy box.
+    math_family = family[::-1]
     old_families = []
     for t, _, zh in changes:
         old_families.append(t.get_fontfamily())
         t.set_text(zh)
-        t.set_fontfamily(family)
+        t.set_fontfamily(math_family if "$" in zh else family)
     glue(name + "_zh", fig, display=False)
     for (t, en, _), fam in zip(changes, old_families):  # leave the figure as the page drew it
         t.set_text(en)
