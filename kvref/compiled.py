@@ -6,8 +6,12 @@ a Python value (``int(ids.max())``, ``bool(real.all())``) and breaks a compiled 
 per step in ``kvref.bench core``), and the attention over the filled slots only changes shape
 every step. ``decode_step`` below is the same computation rearranged the gpt-fast way:
 
-* K/V are written with ``index_copy_`` at a slot given as a tensor, straight into the
-  ``StaticCache``'s (L, B, H_kv, S_max, D) buffers, which live outside the compiled function;
+* K/V are written with ``index_put_`` at a slot given as a tensor, straight into the
+  ``StaticCache``'s (L, B, H_kv, S_max, D) buffers, which live outside the compiled function.
+  The write indexes the whole buffer (layer, row, head, slot), not a per-layer view
+  ``k_buf[i]``: an in-place write into a view of a graph input is turned by the compiler into
+  copies of the buffer (every layer's write copied whole buffers; docs/benchmarks.md has the
+  cost); a write into the input itself stays a write of B * H_kv rows;
 * attention reads all S_max slots, a (B, 1, 1, S_max) mask hiding the empty ones, so every
   step has the same shapes and one graph serves them all;
 * checks and bookkeeping (capacity, ``cache.advance``, the work counter) run in
@@ -17,6 +21,12 @@ every step. ``decode_step`` below is the same computation rearranged the gpt-fas
     tokens = dec.generate(ids, 32, cache)           # eager prefill, compiled decode, greedy
 
 ``fullgraph=True`` makes any graph break an error, so "zero graph breaks" is checked by running.
+
+``freeze=True`` turns on inductor's freezing: the weights become constants of the compiled graph,
+so the compiler may rewrite them once, ahead of time. On a CPU with MKL it repacks every fp32
+weight for MKL's packed GEMM, which is what makes the compiled CPU step faster than eager (measured in
+docs/benchmarks.md). The price: a second copy of the weights, and a compiled step that no longer
+sees later changes to them (build a new ``CompiledDecoder`` after training or loading weights).
 """
 
 from __future__ import annotations
@@ -40,8 +50,11 @@ def decode_step(model: Transformer, token: torch.Tensor, pos: torch.Tensor, slot
     cfg = model.cfg
     B, S_max = real.shape
     H, H_kv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    visible = real & (torch.arange(S_max, device=real.device) <= slot)  # (B, S_max): stale slots hidden
+    dev = real.device
+    visible = real & (torch.arange(S_max, device=dev) <= slot)  # (B, S_max): stale slots hidden
     mask = visible[:, None, None, :]  # (B, 1, 1, S_max)
+    rows = torch.arange(B, device=dev)[:, None, None], torch.arange(H_kv, device=dev)[None, :, None]  # (B,1,1), (1,H_kv,1)
+    at = slot.view(1, 1, 1)  # (1, 1, 1): with the layer index these address (B, H_kv, 1) rows of a buffer
     x = model.tok_emb(token[:, None])  # (B, 1, d_model)
     rope = None
     if model.pos_emb is not None:
@@ -56,8 +69,9 @@ def decode_step(model: Transformer, token: torch.Tensor, pos: torch.Tensor, slot
         v = v.view(B, 1, H_kv, D).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        k_buf[i].index_copy_(2, slot, k)  # the cache's own buffer, written in place
-        v_buf[i].index_copy_(2, slot, v)
+        layer = torch.tensor(i, device=dev)
+        k_buf.index_put_((layer, *rows, at), k)  # the cache's own buffer, written in place: (B, H_kv, 1, D)
+        v_buf.index_put_((layer, *rows, at), v)
         y = attn.attend(q, k_buf[i], v_buf[i], mask)  # (B, H, 1, D) over all S_max slots
         x = x + attn.proj(y.transpose(1, 2).reshape(B, 1, H * D))
         x = x + block.mlp(block.norm2(x))
@@ -70,16 +84,23 @@ class CompiledDecoder:
     ``mode``: None (inductor's default) or "reduce-overhead" (CUDA graphs on a GPU). ``backend``:
     "inductor", or "eager" to trace without generating code (fast; for checking graph breaks).
     ``compile=False`` runs ``decode_step`` eagerly (the same rearranged step, no compiler).
+    ``freeze=True``: weights are constants of the compiled graph (see the module docstring).
     """
 
     def __init__(self, model: Transformer, mode: str | None = None, backend: str = "inductor",
-                 compile: bool = True) -> None:
+                 compile: bool = True, freeze: bool = False) -> None:
         if model.cfg.sliding_window is not None:
             raise ValueError("CompiledDecoder does not implement sliding-window attention; use model(..., cache=)")
         self.model = model
-        self.fn = torch.compile(decode_step, fullgraph=True, dynamic=False, mode=mode, backend=backend) \
+        if freeze and (mode is not None or backend != "inductor"):
+            raise ValueError(f"freeze=True needs backend='inductor' and mode=None; got backend={backend!r}, mode={mode!r}")
+        # freezing is also named in options: it makes this compiled function differ from an unfrozen one,
+        # which dynamo would otherwise reuse for it (both compile decode_step); inductor reads it in step()
+        extra = {"options": {"freezing": True}} if freeze else {"mode": mode}
+        self.fn = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=backend, **extra) \
             if compile else decode_step
         self.static_address = mode == "reduce-overhead"
+        self.freeze = freeze  # read when the first call compiles (inductor takes it from its global config)
         self._marked: set[int] = set()
 
     @torch.inference_mode()
@@ -98,8 +119,9 @@ class CompiledDecoder:
             self._marked.add(id(cache))
         slot = cache.length
         cache._real[:, slot] = True  # the new token is real (no padding inside the decode loop)
-        logits = self.fn(model, token, cache.next_pos, torch.tensor([slot], device=token.device),
-                         cache.k, cache.v, cache._real)
+        with torch._inductor.config.patch(freezing=self.freeze):
+            logits = self.fn(model, token, cache.next_pos, torch.tensor([slot], device=token.device),
+                             cache.k, cache.v, cache._real)
         cache.advance(torch.ones(B, 1, dtype=torch.bool, device=token.device))
         model.kv_rows += B
         return logits

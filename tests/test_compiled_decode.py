@@ -8,9 +8,12 @@ then show that one graph served every step (a recompile per step would show up a
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
 
 import kvref
 from kvref.compiled import CompiledDecoder, decode_step, graph_breaks
@@ -67,8 +70,15 @@ def test_inductor_compiled_step_equals_eager():
     torch._dynamo.reset()
     counters.clear()
     dec = CompiledDecoder(model)  # inductor: C++ code generated and built with gcc
-    assert torch.equal(dec.generate(ids, N, cache), kvref.generate(model, ids, N, cache="static").tokens)
+    out, code = run_and_get_code(dec.generate, ids, N, cache)
+    assert torch.equal(out, kvref.generate(model, ids, N, cache="static").tokens)
     assert counters["stats"]["unique_graphs"] == 1
+    # The K/V write must stay a write of B * H_kv rows. Written into a per-layer view (k_buf[i]) it
+    # became loops copying whole buffers (a GPT-2 step 20 % slower, docs/benchmarks.md); such a loop
+    # runs over a layer's numel (or the whole buffer's), a number no other tensor here has.
+    layer_numel = cache.k[0].numel()  # B * H_kv * S_max * D
+    for n in (layer_numel, cache.k.numel()):
+        assert not re.search(rf"<static_cast<int64_t>\({n}L\)", "\n".join(code)), f"a loop over {n} elements"
     # logits of one more step, compiled vs eager from identical cache states (fp32: 1e-5)
     twin = kvref.StaticCache(model.cfg, 2, 7 + N)
     with torch.inference_mode():
@@ -91,3 +101,23 @@ def test_wrong_cache_or_empty_cache_is_refused():
     with pytest.raises(ValueError, match="max_len"):  # full: the capacity check runs outside the graph
         dec.step(torch.zeros(1, dtype=torch.long), cache)
     assert decode_step is dec.fn
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="packed weights are MKL's (this torch has no MKL)")
+def test_frozen_step_equals_eager_and_runs_on_packed_weights():
+    torch.manual_seed(0)
+    model = tiny_model(tiny_config())
+    ids, N = prompt(), 6
+    torch._dynamo.reset()
+    cache = kvref.StaticCache(model.cfg, 2, 7 + N)
+    plain = CompiledDecoder(model)  # an unfrozen graph first, kept alive: the frozen one must not reuse it
+    plain.generate(ids, 3, cache)
+    dec = CompiledDecoder(model, freeze=True)
+    assert torch.equal(dec.generate(ids, N, cache), kvref.generate(model, ids, N, cache="static").tokens)
+    # freezing took effect: the step multiplies by weights repacked for MKL (an unfrozen graph calls addmm)
+    with torch.inference_mode():
+        tok = ids[:, -1].clone()  # an inference tensor like generate's tokens: this step does not recompile
+    with torch.profiler.profile() as prof, torch.inference_mode():
+        dec.step(tok, cache)
+    assert "mkl::_mkl_linear" in {e.key for e in prof.key_averages()}
+    del plain

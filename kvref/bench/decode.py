@@ -5,12 +5,15 @@
 Four tables, each measured in one process with the runs it compares interleaved (A, B, A, B, ...)
 ``--repeats`` times; the tables give the median and the spread (min-max) over the repeats:
 
-1. ``torch.compile`` of ``kvref.compiled.decode_step`` (fullgraph, StaticCache outside) vs the
+1. ``torch.compile`` of ``kvref.compiled.decode_step`` (fullgraph, StaticCache outside; inductor's
+   default and with frozen weights, plus CUDA graphs on a GPU) vs the
    eager ``decode_one_token``, batch 1, GPT-2-124M shape (random fp32 weights, as in ``core``);
    compile time, graph breaks and whether the greedy tokens are identical;
 2. the same decode steps as a fraction of the memory-bandwidth roofline (bandwidth measured in
-   the same run: a large fp32 matrix-vector product on CPU, a device-to-device copy on CUDA);
-3. kvref ``generate`` vs HF ``generate`` at batch 1, 4, 16, 64 (same weights, greedy, tokens compared);
+   the same run: on CPU a large fp32 matrix-vector product and a plain streaming read of the same
+   matrix, on CUDA a device-to-device copy);
+3. kvref ``generate`` and kvref's compiled decode (``CompiledDecoder(freeze=True)``, eager prefill)
+   vs HF ``generate`` at batch 1, 4, 16, 64 (same weights, greedy, tokens compared);
 4. one decode step at S = 512, B = 16 on the serving benchmark's model (4 layers, GQA 8/2 heads of
    64): StaticCache, PagedKVCache (gather) and InPlacePagedKVCache (FlexAttention, compiled), with
    the bytes the gather copies per step.
@@ -89,29 +92,39 @@ def compiled_loop(dec, model, ids, new, cache) -> tuple[float, torch.Tensor]:
     return med(times), tokens[:, ids.shape[1]:]
 
 
-def bandwidth_probe(device: torch.device) -> tuple[Callable[[], float], str, int]:
-    """(a run returning bytes/s, what it measures, its bytes). CPU: fp32 matrix-vector; CUDA: a copy."""
+def bandwidth_probes(device: torch.device) -> dict[str, tuple[Callable[[], float], str]]:
+    """name -> (a run returning bytes/s, what it measures). CPU: a matrix-vector product and a plain read."""
     if device.type == "cuda":
         src = torch.empty(2**28, dtype=torch.float32, device=device)  # 1 GiB
         dst = torch.empty_like(src)
 
-        def run() -> float:
+        def copy() -> float:
             t0 = sync(device)
             dst.copy_(src)
             return 2 * src.numel() * 4 / (sync(device) - t0)  # read + write
 
-        return run, "device-to-device copy of 1 GiB (read + write)", 2 * src.numel() * 4
+        return {"copy": (copy, "device-to-device copy of 1 GiB (read + write)")}
     W, x = torch.randn(16384, 8192), torch.randn(1, 8192)  # 512 MiB: larger than the caches
 
-    def once() -> float:
-        t0 = time.perf_counter()
-        F.linear(x, W)
-        return time.perf_counter() - t0
+    def median_of_5(op: Callable[[], object]) -> Callable[[], float]:
+        def run() -> float:
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                op()
+                times.append(time.perf_counter() - t0)
+            return W.numel() * 4 / med(times)
+        return run
 
-    def run() -> float:
-        return W.numel() * 4 / med([once() for _ in range(5)])
+    return {"matvec": (median_of_5(lambda: F.linear(x, W)), "fp32 matrix-vector product, 16384x8192 (512 MiB)"),
+            "read": (median_of_5(W.sum), "W.sum() over the same 512 MiB: a plain streaming read")}
 
-    return run, "fp32 matrix-vector product, 16384x8192 (512 MiB), median of 5", W.numel() * 4
+
+def decoder(model, mode: str) -> CompiledDecoder:
+    """"default": inductor; "frozen": inductor with freezing (weights as constants); else a torch.compile mode."""
+    if mode in ("default", "frozen"):
+        return CompiledDecoder(model, freeze=mode == "frozen")
+    return CompiledDecoder(model, mode=mode)
 
 
 def compile_and_roofline(model, device, prompt, new, repeats, modes, log) -> tuple[list[str], list[list[str]],
@@ -125,7 +138,7 @@ def compile_and_roofline(model, device, prompt, new, repeats, modes, log) -> tup
     torch._dynamo.reset()  # pin their caches' addresses), reset and reused by every run of that decoder
     for mode in modes:
         log(f"compiling the decode step ({mode})")
-        dec, caches[mode] = CompiledDecoder(model, mode=None if mode == "default" else mode), new_cache()
+        dec, caches[mode] = decoder(model, mode), new_cache()
         t0 = time.perf_counter()
         with torch.inference_mode():
             compiled_loop(dec, model, ids, 3, caches[mode])  # the first steps compile (and record CUDA graphs)
@@ -138,39 +151,52 @@ def compile_and_roofline(model, device, prompt, new, repeats, modes, log) -> tup
         eager_tokens = eager_loop(model, ids, new, cache)[1]
         info["identical"] = {m: torch.equal(compiled_loop(d, model, ids, new, caches[m])[1], eager_tokens)
                              for m, d in decoders.items()}
-    probe, probe_what, _ = bandwidth_probe(device)
-    runs = {"eager": lambda: eager_loop(model, ids, new, cache)[0], "probe": lambda: 1 / probe()}
+    probes = bandwidth_probes(device)
+    runs = {"eager": lambda: eager_loop(model, ids, new, cache)[0]}
+    runs.update({f"probe {p}": lambda run=run: 1 / run() for p, (run, _) in probes.items()})
     for m, d in decoders.items():
         runs[f"compiled ({m})"] = lambda d=d, m=m: compiled_loop(d, model, ids, new, caches[m])[0]
     log(f"timing eager / compiled / bandwidth, {repeats} interleaved repeats")
     with torch.inference_mode():
         times = interleave(runs, repeats)
-    bw = [1 / t for t in times.pop("probe")]
+    bws = {p: [1 / t for t in times.pop(f"probe {p}")] for p in probes}
     w_bytes, kv_bytes = bytes_per_decode_token(model, prompt + new / 2)
-    ideal = med(bw) / (w_bytes + kv_bytes)
     rows1 = [[name, spread(t), ratio_spread(times["eager"], t) if name != "eager" else "1.00x"]
              for name, t in times.items()]
-    rows2 = [["bandwidth", f"{med(bw) / 1e9:.1f} GB/s ({min(bw) / 1e9:.1f}-{max(bw) / 1e9:.1f})", probe_what],
-             ["bytes per decode token", f"{w_bytes / 1e6:.0f} + {kv_bytes / 1e6:.1f} MB",
-              f"weights + K/V, B=1, {prompt + new / 2:.0f} cached tokens on average"],
-             ["ideal decode tokens/s", f"{ideal:.1f}", "bandwidth / bytes per token"]]
+    rows2 = [[f"bandwidth ({p})", f"{med(bw) / 1e9:.1f} GB/s ({min(bw) / 1e9:.1f}-{max(bw) / 1e9:.1f})",
+              f"{probes[p][1]}, median of 5"] for p, bw in bws.items()]
+    rows2.append(["bytes per decode token", f"{w_bytes / 1e6:.0f} + {kv_bytes / 1e6:.1f} MB",
+                  f"weights + K/V, B=1, {prompt + new / 2:.0f} cached tokens on average"])
+    rows2 += [[f"ideal decode tokens/s ({p})", f"{med(bw) / (w_bytes + kv_bytes):.1f}", "bandwidth / bytes per token"]
+              for p, bw in bws.items()]
     for name, t in times.items():
-        fr = [(w_bytes + kv_bytes) / (s * b) for s, b in zip(t, bw)]  # paired with the same repeat's probe
-        rows2.append([f"{name}: tokens/s, fraction of roofline", f"{1 / med(t):.1f}, {med(fr):.0%} "
-                      f"({min(fr):.0%}-{max(fr):.0%})", "target >= 90 %"])
+        for p, bw in bws.items():
+            fr = [(w_bytes + kv_bytes) / (s * b) for s, b in zip(t, bw)]  # paired with the same repeat's probe
+            rows2.append([f"{name}: tokens/s, fraction of roofline ({p})", f"{1 / med(t):.1f}, {med(fr):.0%} "
+                          f"({min(fr):.0%}-{max(fr):.0%})", "target >= 90 %"])
     return ["decode step, B=1", "median ms (min-max)", "eager / this"], rows1, rows2, info
 
 
 # -- 3. kvref vs HF by batch ---------------------------------------------------------------------
 def versus_hf(model, hf, batches, prompt, new, repeats, log) -> list[list[str]]:
+    """kvref generate (eager), kvref's compiled decode (frozen weights) and HF generate, interleaved."""
     rows, device = [], model.device
     for B in batches:
-        log(f"kvref vs HF, B={B}")
         ids, out = prompt_ids(B, prompt, model.cfg.vocab_size, seed=B).to(device), {}
+        dec, cache = decoder(model, "frozen"), kvref.StaticCache(model.cfg, B, prompt + new, device=device)
+        log(f"kvref vs HF, B={B}: compiling")
+        t0 = time.perf_counter()
+        dec.generate(ids, 3, cache)
+        compile_s = time.perf_counter() - t0
 
         def ours() -> float:
             t0 = sync(device)
             out["kvref"] = kvref.generate(model, ids, new, cache="static").tokens
+            return sync(device) - t0
+
+        def ours_compiled() -> float:
+            t0 = sync(device)
+            out["compiled"] = dec.generate(ids, new, cache)
             return sync(device) - t0
 
         def theirs() -> float:
@@ -180,11 +206,13 @@ def versus_hf(model, hf, batches, prompt, new, repeats, log) -> list[list[str]]:
                                         min_new_tokens=new, pad_token_id=hf.config.eos_token_id)
             return sync(device) - t0
 
-        t = interleave({"kvref": ours, "hf": theirs}, repeats)
-        same = out["kvref"].shape == out["hf"].shape and bool((out["kvref"] == out["hf"]).all())
+        log(f"kvref vs HF, B={B}: {repeats} interleaved repeats")
+        t = interleave({"kvref": ours, "compiled": ours_compiled, "hf": theirs}, repeats)
+        same = all(out[k].shape == out["hf"].shape and bool((out[k] == out["hf"]).all()) for k in ("kvref", "compiled"))
         target = {1: 1.15, 16: 1.5}.get(B)
-        rows.append([f"B={B}", f"{B * new / med(t['kvref']):.1f}", f"{B * new / med(t['hf']):.1f}",
-                     ratio_spread(t["hf"], t["kvref"]), f">= {target}x" if target else "",
+        rows.append([f"B={B}", f"{B * new / med(t['kvref']):.1f}", f"{B * new / med(t['compiled']):.1f}",
+                     f"{B * new / med(t['hf']):.1f}", ratio_spread(t["hf"], t["kvref"]),
+                     ratio_spread(t["hf"], t["compiled"]), f">= {target}x" if target else "", f"{compile_s:.0f}",
                      "identical" if same else "DIFFER"])
     return rows
 
@@ -244,7 +272,7 @@ def report(device: torch.device, quick: bool, repeats: int, log) -> str:
     if quick:  # a smoke run: 2 layers compile fast
         model = kvref.Transformer(model.cfg.with_(n_layers=2)).eval()
     model, hf = model.to(device), hf.to(device)
-    modes = ["default", "reduce-overhead"] if device.type == "cuda" else ["default"]
+    modes = ["default", "frozen", "reduce-overhead"] if device.type == "cuda" else ["default", "frozen"]
     title1 = (f"### 1. torch.compile of the decode step ({device.type}, {model.cfg.n_layers} layers, prompt {prompt}, "
               f"{new} new, B=1; {repeats} interleaved repeats, each the median of {new - 1} steps)")
 
@@ -260,7 +288,8 @@ def report(device: torch.device, quick: bool, repeats: int, log) -> str:
         title3 = (f"### 3. kvref generate vs HF generate ({device.type}, prompt {prompt}, {new} new, greedy, "
                   f"prefill included; {repeats} interleaved repeats)")
         out += guarded(title3, lambda: [title3 + "\n", table(
-            ["batch", "kvref tok/s", "HF tok/s", "kvref / HF (median)", "target", "greedy tokens"],
+            ["batch", "kvref tok/s", "kvref compiled tok/s", "HF tok/s", "kvref / HF (median)",
+             "kvref compiled / HF (median)", "target", "compile s", "greedy tokens (all three)"],
             versus_hf(model, hf, batches, prompt, new, repeats, log)), ""])
     S, B = (128, 4) if quick else (512, 16)
     title4 = (f"### 4. one decode step over the paged cache ({device.type}, B={B}, S={S}, 16-token blocks, "
