@@ -22,6 +22,7 @@ Four tables, each measured in one process with the runs it compares interleaved 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -120,6 +121,16 @@ def bandwidth_probes(device: torch.device) -> dict[str, tuple[Callable[[], float
             "read": (median_of_5(W.sum), "W.sum() over the same 512 MiB: a plain streaming read")}
 
 
+def resident_mb() -> float:
+    """This process's resident memory in MB (psutil, which Jupyter brings; nan without it)."""
+    try:
+        import psutil
+    except ImportError:
+        return float("nan")
+    gc.collect()
+    return psutil.Process().memory_info().rss / 1e6
+
+
 def decoder(model, mode: str) -> CompiledDecoder:
     """"default": inductor; "frozen": inductor with freezing (weights as constants); else a torch.compile mode."""
     if mode in ("default", "frozen"):
@@ -139,10 +150,11 @@ def compile_and_roofline(model, device, prompt, new, repeats, modes, log) -> tup
     for mode in modes:
         log(f"compiling the decode step ({mode})")
         dec, caches[mode] = decoder(model, mode), new_cache()
-        t0 = time.perf_counter()
+        t0, rss0 = time.perf_counter(), resident_mb()
         with torch.inference_mode():
             compiled_loop(dec, model, ids, 3, caches[mode])  # the first steps compile (and record CUDA graphs)
         info[f"compile s ({mode})"] = time.perf_counter() - t0
+        info[f"resident memory +MB ({mode})"] = f"{resident_mb() - rss0:.0f}"  # frozen: packed weight copies
         decoders[mode] = dec
     with torch.inference_mode():
         cache.reset()
