@@ -44,3 +44,17 @@ def test_quick_gpu_report_has_every_section(tmp_path):
     assert "**failed**" not in text
     assert "identical: {'default': True, 'reduce-overhead': True}" in text
     assert "device-to-device copy" in text
+
+
+def test_a_compile_mode_that_fails_is_reported_and_the_others_still_run():
+    # The GPU check is one shot on a lent machine: a mode the compiler rejects there must cost its own
+    # rows only, not the whole section. An unknown mode makes torch.compile raise, like a compiler error.
+    from kvref.bench.decode import compile_and_roofline
+
+    from conftest import tiny_config, tiny_model
+    model = tiny_model(tiny_config())
+    header, rows1, rows2, info = compile_and_roofline(model, torch.device("cpu"), 4, 3, 1, ["no-such-mode"],
+                                                      lambda msg: None)
+    assert "no-such-mode" in info["no-such-mode: failed"]
+    assert [r[0] for r in rows1] == ["eager"]  # the eager row is still measured
+    assert info["identical"] == {}

@@ -149,10 +149,14 @@ def compile_and_roofline(model, device, prompt, new, repeats, modes, log) -> tup
     torch._dynamo.reset()  # pin their caches' addresses), reset and reused by every run of that decoder
     for mode in modes:
         log(f"compiling the decode step ({mode})")
-        dec, caches[mode] = decoder(model, mode), new_cache()
         t0, rss0 = time.perf_counter(), resident_mb()
-        with torch.inference_mode():
-            compiled_loop(dec, model, ids, 3, caches[mode])  # the first steps compile (and record CUDA graphs)
+        try:
+            dec, caches[mode] = decoder(model, mode), new_cache()
+            with torch.inference_mode():
+                compiled_loop(dec, model, ids, 3, caches[mode])  # the first steps compile (and record CUDA graphs)
+        except Exception as e:  # one mode failing (say, on a new GPU) must not lose the others' rows
+            info[f"{mode}: failed"] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+            continue
         info[f"compile s ({mode})"] = time.perf_counter() - t0
         info[f"resident memory +MB ({mode})"] = f"{resident_mb() - rss0:.0f}"  # frozen: packed weight copies
         decoders[mode] = dec
