@@ -237,6 +237,31 @@ def test_glue_figure_glues_a_chinese_twin_and_leaves_the_figure_english(monkeypa
         plt.close(fig)
 
 
+def test_glue_text_glues_a_chinese_twin_only_when_given(monkeypatch):
+    """A page glues a computed sentence once per edition (`name`, `name_zh`); a number, once for both."""
+    import myst_nb
+
+    monkeypatch.syspath_prepend(str(ROOT / "book"))  # the pages import `_ext.page_helpers` from book/
+    from _ext import page_helpers
+
+    glued = {}
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: glued.update({name: (value, display)}))
+    page_helpers.glue_text("n", 3)
+    page_helpers.glue_text("same", "the same", "完全相同")
+    assert glued == {"n": (3, False), "same": ("the same", False), "same_zh": ("完全相同", False)}
+
+
+def test_words_joins_a_list_in_each_editions_words(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "book"))
+    from _ext.page_helpers import words
+
+    assert words(["int8", "fp8", "int4"]) == "int8, fp8 and int4"
+    assert words(["int8", "fp8", "int4"], "zh") == "int8、fp8 和 int4"
+    assert words(["10 %", "50 %"], "zh") == "10 % 和 50 %"
+    assert (words(["int2"]), words(["int2"], "zh")) == ("int2", "int2")
+    assert (words([]), words([], "zh")) == ("none", "无")
+
+
 def test_label_file_entries_are_chinese():
     labels = zh_figures.load_labels()
     assert labels, f"{zh_figures.LABELS} is empty"

@@ -1,9 +1,10 @@
 """Glue a matplotlib figure twice: as drawn (English) and with its labels in Chinese (`<name>_zh`).
 
 The pages execute once and both editions show the same outputs; only the figures' words differ. A page's
-figure cell ends with `glue_figure("fig_x", fig)` instead of `glue("fig_x", fig, display=False)`. This glues the
-English figure under `fig_x`, swaps every text of the figure (title, axis labels, tick labels, legend,
-annotations) for its Chinese label from book/locale/zh_CN/figure_labels.yml and glues that under `fig_x_zh`.
+figure cell ends with `glue_fig("fig_x", fig)` (book/_ext/page_helpers.py: `glue_figure`, then close the figure)
+instead of `glue("fig_x", fig, display=False)`. `glue_figure` glues the English figure under `fig_x`, swaps
+every text of the figure (title, axis labels, tick labels, legend, annotations) for its Chinese label from
+book/locale/zh_CN/figure_labels.yml and glues that under `fig_x_zh`.
 The Chinese build (book/_ext/lang_switch.py) shows `fig_x_zh` wherever a page says `{glue:figure} fig_x`.
 
 A label that has English words and no entry in the YAML file stops the page with a list of what to add, so a

@@ -1,0 +1,56 @@
+"""Helpers shared by the book's pages: glue a value in the words of each edition, a figure in both;
+label a log axis readably.
+
+Both editions show the outputs of one execution (book/_ext/lang_switch.py): where a glue key `name` has a twin
+`name_zh`, the Chinese build shows the twin. So a sentence computed by a page is glued twice, in English under
+`name` and in Chinese under `name_zh`, from the same numbers:
+
+    glue_text("hf_runs", n_runs)                                   # a number: the same in both editions
+    glue_text("same", "the same", "完全相同")                       # words: one per edition
+    glue_text("models", words(names), words(names, "zh"))          # a list in each edition's words
+
+A function that words a result takes the language (`lang="en"` or `"zh"`) and looks its words up in a small
+table {"en": ..., "zh": ...}, so its logic (the thresholds, the numbers) exists once. `glue_fig` glues a
+matplotlib figure with its Chinese twin (book/_ext/zh_figures.py) and closes it.
+"""
+
+from __future__ import annotations
+
+from .zh_figures import glue_figure  # pages import this module as _ext.page_helpers
+
+# A list in words: (separator, before the last item, an empty list)
+LIST_WORDS = {"en": (", ", " and ", "none"), "zh": ("、", " 和 ", "无")}
+
+
+def glue_text(name: str, en, zh=None) -> None:
+    """Glue `en` as `name` (not displayed) and, when `zh` is given, `zh` as `name + "_zh"`."""
+    from myst_nb import glue
+
+    glue(name, en, display=False)
+    if zh is not None:
+        glue(name + "_zh", zh, display=False)
+
+
+def glue_fig(name: str, fig) -> None:
+    """Glue `fig` as `name` and, with its labels in Chinese, as `name + "_zh"`; then close it."""
+    import matplotlib.pyplot as plt
+
+    glue_figure(name, fig)
+    plt.close(fig)
+
+
+def words(items: list[str], lang: str = "en") -> str:
+    """`items` as a list in words: "a, b and c" ("a、b 和 c"); one item as it is; none: "none" ("无")."""
+    sep, last, empty = LIST_WORDS[lang]
+    if len(items) < 2:
+        return items[0] if items else empty
+    return sep.join(items[:-1]) + last + items[-1]
+
+
+def readable_log_axis(axis) -> None:
+    """Label a log axis at 1, 2 and 5 times each power of ten, as plain numbers."""
+    from matplotlib import ticker
+
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
