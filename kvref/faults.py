@@ -55,10 +55,10 @@ class Trace:
 
     block_size: int
     num_blocks: int
-    token_budget: int
+    token_budget: int  # the deployment's setting, tokens per step (the same for every engine of the lab)
     bytes_per_block: int
     step_rows: list[int] = field(default_factory=list)  # K/V rows computed in the step (model.kv_rows; padding too)
-    step_tokens: list[int] = field(default_factory=list)  # tokens fed in the step (at most the token budget)
+    step_tokens: list[int] = field(default_factory=list)  # tokens fed in the step (a healthy engine: <= token_budget)
     blocks_used: list[int] = field(default_factory=list)  # after the step
     free_blocks: list[int] = field(default_factory=list)
     largest_free_run: list[int] = field(default_factory=list)  # most adjacent free blocks
@@ -230,7 +230,9 @@ class WholePromptEngine(TracedEngine):
     fault = "whole_prompt_prefill"
 
     def __init__(self, model: Transformer, **kw) -> None:
-        super().__init__(model, **{**kw, "token_budget": model.cfg.max_seq_len * 8})
+        budget = kw.pop("token_budget", TOKEN_BUDGET)  # the deployment's setting, which this engine ignores
+        super().__init__(model, token_budget=model.cfg.max_seq_len * 8, **kw)
+        self.trace.token_budget = budget  # the trace shows the setting, not the bug: only step_tokens do
 
 
 FAULTS: dict[str, type[TracedEngine]] = {e.fault: e for e in (

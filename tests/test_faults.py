@@ -105,6 +105,11 @@ def test_mystery_lab_is_shuffled_and_keyed(model, runs):
         assert (obs.serve.step_rows, obs.serve.blocks_used) == (ref.step_rows, ref.blocks_used), name
     # Nothing a student's code receives names the fault (the answer key is rebuilt from the seed).
     assert not [f.name for f in dataclasses.fields(F.Trace) if "fault" in f.name]
+    # ... nor the settings a trace records: every engine reports the deployment's (the one that ignores the token
+    # budget too), so only the symptoms tell the engines apart.
+    settings = {(o.serve.block_size, o.serve.num_blocks, o.serve.token_budget, o.serve.bytes_per_block)
+                for o in lab.values()}
+    assert settings == {(F.BLOCK_SIZE, F.NUM_BLOCKS, F.TOKEN_BUDGET, lab["engine_A"].serve.bytes_per_block)}
     assert set(F.FIX_FOR.values()) < set(F.FIXES)
 
 

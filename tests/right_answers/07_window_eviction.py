@@ -8,7 +8,8 @@ MASK = ("    q_slot = torch.arange(S - T, S)[:, None]  # (T, 1): the queries are
         "    return (k_slot <= q_slot) & (q_slot - k_slot < window)  # (T, S): causal, and at most W back")
 H2O = ("    pri = scores[..., :n_old].masked_fill(~real[:, None, :n_old], float(\"-inf\"))"
        "  # (B, H_kv, n_old), padding last\n"
-       "    top = pri.topk(heavy, dim=-1).indices  # (B, H_kv, heavy): per row and head, never across the batch\n"
+       "    order = torch.sort(pri, dim=-1, descending=True, stable=True).indices  # stable: of equal scores, the older first\n"
+       "    top = order[..., :heavy]  # (B, H_kv, heavy): per row and head, never across the batch\n"
        "    heavy_idx = top.sort(dim=-1).values  # oldest first, like the cache\n")
 
 RIGHT = {

@@ -50,6 +50,18 @@ WRONG = {
         ("quantize_int8", "return (codes.float() * scale.float() + zero.float()).to(scale.dtype)",
          "return codes.to(scale.dtype) * scale + zero"),
     ],
+    # No clamp before the cast: in bf16 the scale can round down, the maximum's code rounds to 256 and uint8 wraps
+    # it to 0 (float32 never shows it: the scale is not rounded there).
+    "codes_not_clamped": [
+        ("quantize_int8", "torch.round((xf - zero.float()) / step).clamp(0, 255).to(torch.uint8)",
+         "torch.round((xf - zero.float()) / step).to(torch.uint8)"),
+    ],
+    # Reads "as long as more than R would remain" literally: a group leaves only when R + 1 or more stay, so the
+    # residual holds R + 1 .. R + G tokens (one group too many whenever it holds exactly R + G).
+    "residual_keeps_more_than_r": [
+        ("int8_cache", "while self.k_res[layer].shape[2] - self.residual >= G:",
+         "while self.k_res[layer].shape[2] - self.residual > G:"),
+    ],
     # The warm-up's code truncated instead of rounded to the nearest step.
     "code_of_truncates": [("code_of", "    return round((x - lo) / scale)", "    return int((x - lo) / scale)")],
     # The warm-up's code counted on a grid of 256 steps.

@@ -25,16 +25,22 @@ WRONG = {
     ],
     # The reference H2O code: scores summed over the batch, so one request evicts another's tokens.
     "h2o_scores_summed_over_batch": [
-        ("h2o_keep", "top = pri.topk(heavy, dim=-1)", "top = pri.sum(0, keepdim=True).expand(B, -1, -1).topk(heavy, dim=-1)"),
+        ("h2o_keep", "order = torch.sort(pri, dim=-1,", "order = torch.sort(pri.sum(0, keepdim=True).expand(B, -1, -1), dim=-1,"),
     ],
     # Heavy hitters chosen among all S tokens: recent tokens counted twice, fewer distinct tokens kept.
     "h2o_recent_inside_heavy": [
         ("h2o_keep", "pri = scores[..., :n_old].masked_fill(~real[:, None, :n_old]",
          "pri = scores.masked_fill(~real[:, None, :]"),
     ],
-    # top-k over the heads instead of the tokens.
-    "h2o_topk_wrong_dim": [
-        ("h2o_keep", "pri.topk(heavy, dim=-1)", "pri.topk(heavy, dim=1)"),
+    # Sorted over the heads instead of the tokens.
+    "h2o_sort_wrong_dim": [
+        ("h2o_keep", "order = torch.sort(pri, dim=-1,", "order = torch.sort(pri, dim=1,"),
+    ],
+    # topk for the heavy hitters: right for distinct scores, but it promises nothing about ties, and on the CPU it
+    # keeps the newer of equal scores, where the rule (and kvref's cache) keeps the older.
+    "h2o_topk_ties": [
+        ("h2o_keep", "    order = torch.sort(pri, dim=-1, descending=True, stable=True).indices", "    order = None"),
+        ("h2o_keep", "    top = order[..., :heavy]", "    top = pri.topk(heavy, dim=-1).indices"),
     ],
     # Heavy hitters left in score order: the cache's slots are no longer oldest first.
     "h2o_heavy_not_sorted": [

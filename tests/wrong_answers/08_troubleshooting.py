@@ -43,9 +43,19 @@ WRONG = {
          "if w and free >= need and fed < faults.TOKEN_BUDGET)"),
         ("diagnose", "    if stuck > 3:", "    if stuck:"),
     ],
-    # Compares the tokens of a step with the engine's own budget: an engine with no real budget never exceeds it.
-    "spike_against_own_budget": [
-        ("diagnose", "if max(s.step_tokens) > faults.TOKEN_BUDGET:", "if max(s.step_tokens) > s.token_budget:"),
+    # Reads the fragmentation clue literally: one step queued with room and no long enough run of free blocks is
+    # taken for fragmentation, although a paged engine shows that on a step or two (visible day 4, hidden 13, 22).
+    "fragmentation_any_short_run": [
+        ("diagnose", "    if stuck > 3:", "    if stuck:"),
+    ],
+    # Counts the steps but stops at two: the paged engine without prefix caching shows two such steps on day 4.
+    "fragmentation_two_steps": [
+        ("diagnose", "    if stuck > 3:", "    if stuck > 1:"),
+    ],
+    # Reads the engine's setting instead of its symptom: every trace records the deployment's budget, so the
+    # engine that prefills whole prompts is not found this way.
+    "spike_read_from_setting": [
+        ("diagnose", "if max(s.step_tokens) > faults.TOKEN_BUDGET:", "if s.token_budget > faults.TOKEN_BUDGET:"),
     ],
     # Falls back to a fault when nothing is wrong: the healthy engine gets a diagnosis.
     "always_a_fault": [
