@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -169,7 +170,10 @@ def make_class(tmp: Path, listener_port: int) -> tuple[Path, Path, dict]:
     solved = nbs.fill_answers(release, src)
     secret = {"solutions": str(solutions / f"{STEM}.ipynb"), "real_solution": str(ROOT / "solutions" / f"{REAL}.ipynb"),
               "other_student": str(subs / "good" / f"{STEM}.ipynb"), "repo_git": str(ROOT / ".git" / "HEAD")}
-    writes = [str(subs / "pwned.txt"), str(ROOT / "pwned.txt"), "/tmp/kvref-pwned.txt", str(tmp / "pwned.txt")]
+    # the host /tmp path is unique to this run: a file left by another run (or another session's
+    # unsandboxed experiment) must not fail this one, and two runs at once must not see each other's
+    host_tmp = f"/tmp/kvref-pwned-{uuid.uuid4().hex[:12]}.txt"
+    writes = [str(subs / "pwned.txt"), str(ROOT / "pwned.txt"), host_tmp, str(tmp / "pwned.txt")]
 
     def put(student: str, nb=None, name: str = f"{STEM}.ipynb", raw: bytes | None = None):
         d = subs / student
