@@ -155,7 +155,7 @@ def compile_and_roofline(model, device, prompt, new, repeats, modes, log) -> tup
             with torch.inference_mode():
                 compiled_loop(dec, model, ids, 3, caches[mode])  # the first steps compile (and record CUDA graphs)
         except Exception as e:  # one mode failing (say, on a new GPU) must not lose the others' rows
-            info[f"{mode}: failed"] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+            info[f"{mode}: failed"] = error_line(e, 200)
             continue
         info[f"compile s ({mode})"] = time.perf_counter() - t0
         info[f"resident memory +MB ({mode})"] = f"{resident_mb() - rss0:.0f}"  # frozen: packed weight copies
@@ -271,13 +271,17 @@ def paged_in_place(device, B, S, repeats, block_size, log) -> tuple[list[list[st
     return rows, info
 
 
+def error_line(e: Exception, limit: int) -> str:
+    """The exception's type and the first line of its message, cut at ``limit`` characters."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:limit]}"
+
+
 def guarded(title: str, section: Callable[[], list[str]]) -> list[str]:
     """A section's markdown lines, or, if it raises, its title and the error (the other sections still run)."""
     try:
         return section()
     except Exception as e:  # e.g. a compiler that fails on this machine: report it, do not lose the rest
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        return [f"{title}\n", f"**failed**: {type(e).__name__}: {first}", ""]
+        return [f"{title}\n", f"**failed**: {error_line(e, 300)}", ""]
 
 
 def report(device: torch.device, quick: bool, repeats: int, log) -> str:
