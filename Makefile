@@ -1,12 +1,13 @@
 # Build and test the KV-cache course (GNU make).
 #
 #   make book    create .venv if needed, build the book: English into _build/html, Chinese into _build/html/zh
-#                (prerequisite for the Chinese figures: Debian's fonts-noto-cjk)
+#                (prerequisites: Python >= 3.11 with venv, make, npm; a missing one stops it at once, in one line)
 #   make i18n-update  extract the English messages and update book/locale/zh_CN/LC_MESSAGES/*.po (sphinx-intl)
 #   make i18n-check   fail, listing them, when a message is untranslated, fuzzy, stale or loses its markup
 #   make test    create .venv if needed, run the whole test suite
 #   make venv    only create/update .venv from requirements.txt (+ kvref in editable mode)
-#   make js      only fetch the book's pinned JavaScript (MathJax, require.js, ipywidgets manager) into .cache/js
+#   make js      only fetch the book's pinned JavaScript (MathJax, require.js, ipywidgets manager) into .cache/js,
+#                and, where the system has no CJK font, the pinned Noto Sans SC into .cache/fonts
 #   make pdf     build the book, then print it into one PDF, $(BUILD_DIR)/_build/book.pdf
 #                (prerequisite: headless Chromium, Debian's `chromium`: apt-get install -y chromium)
 #   make clean   remove _build
@@ -41,13 +42,18 @@ PYTEST_ARGS ?=
 # Recipes (and the tools they start, e.g. nbgrader and the notebook kernel) use the venv.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv js book pdf test clean release grade student check i18n-update i18n-check gpu-check
+.PHONY: venv js book pdf test clean release grade student check i18n-update i18n-check gpu-check prerequisites
+
+# Checked in seconds, before anything is installed: one line per missing prerequisite, saying what to install.
+prerequisites:
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11 (or run make PYTHON=/path/to/python3.11)" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "error: $(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); the course needs >= 3.11 (make PYTHON=python3.11)" >&2; exit 1; }
+	@$(PYTHON) book/_ext/offline_js.py --prerequisites
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
-	  { echo "error: $(PYTHON) must be Python >= 3.11" >&2; exit 1; }
+$(STAMP): requirements.txt pyproject.toml | prerequisites
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -r requirements.txt
@@ -60,7 +66,7 @@ $(STAMP): requirements.txt pyproject.toml
 # `npm pack` into .cache/js (gitignored), checks them and unpacks the needed files. Its stamps are the
 # per-package .cache/js/static/npm/*/.integrity files: when they match the lock it only re-checks the
 # cached tarballs (fast) and needs neither npm nor the network.
-js:
+js: prerequisites
 	$(PYTHON) book/_ext/offline_js.py
 
 # The notebook kernels draw figures inline (what ipykernel does by default, spelled out because `make test`
@@ -69,7 +75,7 @@ book: export MPLBACKEND := module://matplotlib_inline.backend_inline
 # Two editions from one execution: the English build runs every page (the cache starts empty), the Chinese build
 # (config generated from _config.yml: language zh_CN, catalogs in book/locale) reuses those outputs, and its
 # pages move to _build/html/zh/. book/_ext/lang_switch.py links each page to its twin in the other edition.
-book: $(STAMP) js
+book: prerequisites $(STAMP) js
 	rm -rf $(JUPYTER_CACHE) $(ZH_WORK)
 	$(JUPYTER_BOOK) build . $(BOOK_FLAGS) --all --path-output $(BUILD_DIR)
 	$(PY) book/_ext/i18n_tool.py config --cache $(JUPYTER_CACHE) --out $(ZH_WORK)/_config.yml
@@ -91,7 +97,7 @@ pdf: book
 	$(PY) book/_ext/pdf.py --html $(abspath $(BUILD_DIR))/_build/html --out $(abspath $(BUILD_DIR))/_build/book.pdf
 
 test: export MPLBACKEND := Agg
-test: $(STAMP)
+test: prerequisites $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Student notebooks: solutions/NN_topic.ipynb -> notebooks/NN_topic.ipynb (nbgrader generate_assignment).

@@ -5,6 +5,9 @@ CUDA cases are collected everywhere and skip cleanly when no GPU is present.
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 
@@ -40,3 +43,16 @@ def tiny_model(cfg: kvref.ModelConfig, device: str = "cpu", seed: int = 0, std: 
 
 # (arch, n_kv_heads): MHA for both architectures, GQA and MQA for the Llama family.
 ATTENTION_KINDS = [("gpt2", None), ("llama", None), ("llama", 2), ("llama", 1)]
+
+
+def require_tool(what: str, commands: tuple[str, ...], install: str, need_all: bool = True) -> None:
+    """Skip when a prerequisite that only some tests need (Chromium, Slurm) is missing: every such test skips
+    with the same one line (pytest -ra groups skips raised here by their reason). Under CI (CI set; .ci/run
+    installs them) a missing one is a failure. `need_all=False`: any one of `commands` will do."""
+    missing = [c for c in commands if shutil.which(c) is None]
+    if not missing or (not need_all and len(missing) < len(commands)):
+        return
+    message = f"{what} is not installed ({', '.join(missing)} not on PATH): {install}"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI: .ci/run installs the tests' prerequisites, yet {message}")
+    pytest.skip(message)

@@ -20,6 +20,7 @@ from babel.messages.catalog import Catalog
 from babel.messages.pofile import read_po, write_po
 
 from book_build import built_book  # noqa: F401  (session fixture: the one book build)
+from conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "book" / "_ext" / "i18n_tool.py"
@@ -272,12 +273,24 @@ def test_label_file_entries_are_chinese():
     assert not slots, f"entries whose number slots {{}} differ between English and Chinese: {slots}"
 
 
-def test_cjk_font_is_installed():
-    # Debian's fonts-noto-cjk (README prerequisites; .ci/run installs it): without it the labels are boxes.
-    assert "CJK" in zh_figures.cjk_family()
-    # Chromium (screenshots, `make pdf`) finds Chinese glyphs through fontconfig.
-    fc = subprocess.run(["fc-list", ":lang=zh-cn", "family"], capture_output=True, text=True)
-    assert "CJK" in fc.stdout, "fontconfig knows no Chinese font: Chinese pages would show empty boxes"
+def test_cjk_font_has_the_chinese_glyphs():
+    # The system's Noto Sans CJK, else the Noto Sans SC that `make js` fetched: without one the labels are boxes.
+    from matplotlib.ft2font import FT2Font
+
+    fonts = zh_figures.offline_js.cjk_fonts()
+    assert fonts, "no CJK font installed or fetched: `make js` fetches one where the system has none"
+    assert zh_figures.cjk_family()
+    font = FT2Font(str(fonts[0]))
+    assert all(font.get_char_index(ord(c)) for c in "键值缓存预填充解码显存块表"), fonts[0]
+
+
+def test_chromium_finds_a_chinese_font():
+    # Chromium (screenshots, `make pdf`) finds Chinese glyphs through fontconfig, with the environment pdf.py
+    # gives it (which adds the fetched font where the system has none).
+    require_tool("fontconfig", ("fc-list",), "apt-get install -y fontconfig (it comes with chromium)")
+    fc = subprocess.run(["fc-list", ":lang=zh-cn", "family"], capture_output=True, text=True,
+                        env=zh_figures.offline_js.chromium_env())
+    assert fc.stdout.strip(), "fontconfig knows no Chinese font: Chinese pages would show empty boxes"
 
 
 # ---------------------------------------------------------------- the language switch

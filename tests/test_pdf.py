@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import require_tool
 from book_build import built_book  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +44,8 @@ def test_unbuilt_book_is_one_clear_error(tmp_path, capsys):
 def test_book_prints_to_one_pdf(built_book, tmp_path):  # noqa: F811
     from pypdf import PdfReader
 
+    require_tool("Chromium", ("chromium", "chromium-browser", "google-chrome"), "apt-get install -y chromium",
+                 need_all=False)
     assert built_book.returncode == 0, built_book.log[-3000:]
     out = tmp_path / "book.pdf"
     n = pdf.build_pdf(built_book.html, out)

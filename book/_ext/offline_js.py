@@ -8,7 +8,9 @@ widgets show nothing. This file does two jobs:
   `npm pack` (the tarball only: no dependency tree, no install scripts) into .cache/js/tarballs/, check it
   against the sha512 integrity in the lock, and unpack only the files the lock lists into .cache/js/static/npm/.
   Nothing fetched is committed (.cache/ is gitignored). Cached tarballs are re-checked on every run, and npm is
-  only needed when one is missing.
+  only needed when one is missing. The lock's `[[font]]` entries are fetched the same way, into .cache/fonts/,
+  but only where the system has no CJK font: the Chinese edition's figures need one (book/_ext/zh_figures.py),
+  and so does Chromium when it prints Chinese pages (`chromium_env()` points fontconfig at the fetched font).
 - Loaded by Sphinx (`sphinx: local_extensions` in _config.yml): add .cache/js/static to `html_static_path`
   (so the files land in _build/html/_static/npm/...) and point `mathjax_path` and myst-nb's `nb_ipywidgets_js`
   at those local copies. The build stops with a clear error if the files are missing or stale. It also serves
@@ -21,6 +23,7 @@ import base64
 import fnmatch
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -36,6 +39,15 @@ LOCK = HERE / "js.lock.toml"
 OWN_STATIC = HERE / "static"  # our own small scripts (committed), served from _static/ too
 MATHJAX_SHIM = "mathjax-hub-shim.js"  # lets the widget manager's MathJax 2 calls work with MathJax 3
 CACHE = ROOT / ".cache" / "js"
+FONTS = ROOT / ".cache" / "fonts"  # fetched CJK fonts, used only where the system has none
+FONTCONFIG = FONTS / "fonts.conf"  # the system's fontconfig set-up plus FONTS, for Chromium
+# Debian's fonts-noto-cjk: preferred when present, so figures look the same on every Debian machine.
+SYSTEM_CJK_FONTS = (
+    Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"),
+    Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Bold.ttc"),
+)
+# Set to 1 to act as if the system had no CJK font (how the fetched font is tested on a machine that has one).
+IGNORE_SYSTEM_CJK = "KV_COURSE_IGNORE_SYSTEM_CJK"
 TARBALLS = CACHE / "tarballs"
 STATIC = CACHE / "static"  # an html_static_path entry: its contents are copied into _build/html/_static/
 MARKER = ".integrity"  # written into each unpacked folder; Sphinx does not copy dot files
@@ -52,7 +64,8 @@ class Package:
     version: str
     integrity: str  # "sha512-<base64>", as `npm view NAME@VERSION dist.integrity` prints it
     files: tuple[str, ...]  # globs relative to the tarball's package/ folder
-    entry: str  # the script pages load, relative to package/
+    entry: str  # the script pages load (a font: its regular face), relative to package/
+    kind: str = "js"  # "js": served by the pages; "font": for figures and printing, never served
 
     @property
     def spec(self) -> str:
@@ -69,7 +82,7 @@ class Package:
 
     @property
     def unpacked(self) -> Path:
-        return STATIC / "npm" / self.dirname
+        return (FONTS if self.kind == "font" else STATIC / "npm") / self.dirname
 
     @property
     def url(self) -> str:
@@ -77,24 +90,30 @@ class Package:
         return f"npm/{self.dirname}/{self.entry}"
 
 
-def load_lock(path: Path = LOCK) -> dict[str, Package]:
-    """{npm name: Package} from js.lock.toml, with a clear error for a malformed entry."""
+def load_lock(path: Path = LOCK, kind: str = "js") -> dict[str, Package]:
+    """{npm name: Package} of the lock's [[package]] (kind "js") or [[font]] (kind "font") entries, with a
+    clear error for a malformed entry."""
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise OfflineJSError(f"cannot read the JavaScript lock file {path}: {e}") from e
+    table = "package" if kind == "js" else "font"
     packages = {}
-    for i, entry in enumerate(data.get("package", [])):
+    for i, entry in enumerate(data.get(table, [])):
         missing = {"name", "version", "integrity", "files", "entry"} - set(entry)
         if missing:
-            raise OfflineJSError(f"{path}: package #{i + 1} lacks {sorted(missing)}")
+            raise OfflineJSError(f"{path}: [[{table}]] #{i + 1} lacks {sorted(missing)}")
         if not str(entry["integrity"]).startswith("sha512-"):
             raise OfflineJSError(f"{path}: {entry['name']}: integrity must be the registry's sha512-... string")
-        pkg = Package(entry["name"], entry["version"], entry["integrity"], tuple(entry["files"]), entry["entry"])
+        pkg = Package(entry["name"], entry["version"], entry["integrity"], tuple(entry["files"]), entry["entry"],
+                      kind)
         packages[pkg.name] = pkg
-    for needed in ("requirejs", "@jupyter-widgets/html-manager", "mathjax"):
-        if needed not in packages:
-            raise OfflineJSError(f"{path}: no [[package]] named {needed!r}; the book needs it")
+    needed = ("requirejs", "@jupyter-widgets/html-manager", "mathjax") if kind == "js" else ()
+    for name in needed:
+        if name not in packages:
+            raise OfflineJSError(f"{path}: no [[package]] named {name!r}; the book needs it")
+    if kind == "font" and not packages:
+        raise OfflineJSError(f"{path}: no [[font]] entry; the Chinese figures need a CJK font where the system has none")
     return packages
 
 
@@ -107,14 +126,14 @@ def integrity_of(path: Path) -> str:
 # ---------------------------------------------------------------- fetching (make js)
 
 
+NPM_HINT = "install Node.js and npm (Debian: apt-get install -y npm)"
+
+
 def npm_pack(pkg: Package) -> Path:
     """Download pkg's registry tarball (no dependencies, no scripts) to pkg.tarball."""
     npm = shutil.which("npm")
     if npm is None:
-        raise OfflineJSError(
-            f"npm is needed to fetch {pkg.spec} (the book serves it offline) but is not on PATH. "
-            "Install Node.js/npm (Debian: apt-get install -y npm), then run `make js`."
-        )
+        raise OfflineJSError(f"npm is needed to fetch {pkg.spec} but is not on PATH: {NPM_HINT}, then run `make js`")
     TARBALLS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=TARBALLS) as tmp:
         cmd = [npm, "pack", pkg.spec, "--json", "--ignore-scripts", "--pack-destination", tmp,
@@ -190,21 +209,95 @@ def problem_with_unpacked(pkg: Package) -> str | None:
     return None
 
 
+def ensure(pkg: Package) -> None:
+    """pkg's pinned files unpacked from its checked tarball (fetched only if missing)."""
+    tarball = verified_tarball(pkg)
+    if problem_with_unpacked(pkg) is None:
+        print(f"{pkg.kind}: {pkg.spec} ok")
+    else:
+        unpack(pkg, tarball)
+        print(f"{pkg.kind}: {pkg.spec} unpacked into {pkg.unpacked.relative_to(ROOT)}")
+
+
 def fetch_all(lock: Path = LOCK) -> None:
-    """Make .cache/js/static/ hold exactly the pinned files (a no-op when it already does)."""
+    """Make .cache/js/static/ hold exactly the pinned files (a no-op when it already does); fetch the pinned CJK
+    font into .cache/fonts/ where the system has none."""
     packages = load_lock(lock).values()
     for pkg in packages:
-        tarball = verified_tarball(pkg)
-        if problem_with_unpacked(pkg) is None:
-            print(f"js: {pkg.spec} ok")
-        else:
-            unpack(pkg, tarball)
-            print(f"js: {pkg.spec} unpacked into {pkg.unpacked.relative_to(ROOT)}")
+        ensure(pkg)
     # Folders of versions no longer pinned would still be served: remove them.
     keep = {pkg.unpacked.name for pkg in packages}
     for old in (STATIC / "npm").iterdir():
         if old.name not in keep:
             shutil.rmtree(old)
+    system = system_cjk_fonts()
+    if system:
+        print(f"font: system CJK font {system[0]}")
+        return
+    for pkg in load_lock(lock, kind="font").values():
+        ensure(pkg)
+    write_fontconfig()
+
+
+# ---------------------------------------------------------------- the CJK font (Chinese figures, printing)
+
+
+def system_cjk_fonts() -> list[Path]:
+    """Debian's Noto Sans CJK files, if installed (and not ignored on purpose, see IGNORE_SYSTEM_CJK)."""
+    if os.environ.get(IGNORE_SYSTEM_CJK) == "1":
+        return []
+    return [p for p in SYSTEM_CJK_FONTS if p.is_file()]
+
+
+def fetched_cjk_fonts(lock: Path = LOCK) -> list[Path]:
+    """The pinned CJK font's regular face, once `make js` has fetched and checked it (else [])."""
+    return [pkg.unpacked / pkg.entry for pkg in load_lock(lock, kind="font").values()
+            if problem_with_unpacked(pkg) is None]
+
+
+def cjk_fonts() -> list[Path]:
+    """The font files the Chinese figures use: the system's CJK font, else the fetched one."""
+    return system_cjk_fonts() or fetched_cjk_fonts()
+
+
+def write_fontconfig() -> Path:
+    """A fontconfig file that reads the system's set-up and adds .cache/fonts (for Chromium's Chinese pages)."""
+    FONTS.mkdir(parents=True, exist_ok=True)
+    FONTCONFIG.write_text(
+        '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n<fontconfig>\n'
+        '  <include ignore_missing="yes">/etc/fonts/fonts.conf</include>\n'
+        f"  <dir>{FONTS}</dir>\n  <cachedir>{FONTS / 'fc-cache'}</cachedir>\n</fontconfig>\n")
+    return FONTCONFIG
+
+
+def chromium_env() -> dict[str, str]:
+    """Environment for a Chromium that prints or shoots Chinese pages: fontconfig also sees the fetched font
+    when the system has no CJK font."""
+    env = dict(os.environ)
+    if not system_cjk_fonts() and fetched_cjk_fonts():
+        env["FONTCONFIG_FILE"] = str(write_fontconfig())
+    return env
+
+
+# ---------------------------------------------------------------- prerequisites (make, before anything else)
+
+
+def prerequisites() -> list[str]:
+    """What `make book` / `make test` cannot do without and is missing, one line each (checked in seconds)."""
+    problems = []
+    try:
+        import ensurepip  # noqa: F401
+        import venv  # noqa: F401
+    except ImportError:
+        problems.append(f"{sys.executable} cannot create a virtual environment: install python3-venv "
+                        "(Debian: apt-get install -y python3-venv)")
+    lacking = [pkg.spec for pkg in load_lock().values() if not pkg.tarball.is_file()]
+    if not system_cjk_fonts():
+        lacking += [pkg.spec for pkg in load_lock(kind="font").values() if not pkg.tarball.is_file()]
+    if lacking and shutil.which("npm") is None:
+        problems.append(f"npm is needed to fetch {', '.join(lacking)} (pinned in {LOCK.relative_to(ROOT)}): "
+                        f"{NPM_HINT}")
+    return problems
 
 
 # ---------------------------------------------------------------- Sphinx extension
@@ -242,6 +335,9 @@ def setup(app):
 
 if __name__ == "__main__":
     try:
+        if sys.argv[1:] == ["--prerequisites"]:
+            problems = prerequisites()
+            sys.exit("\n".join(f"error: {p}" for p in problems) if problems else 0)
         fetch_all()
     except OfflineJSError as e:
         sys.exit(f"error: {e}")

@@ -7,7 +7,8 @@ local files: MathJax and the other scripts are served from the build itself.
 
     python book/_ext/pdf.py [--html _build/html] [--out _build/book.pdf]
 
-Prerequisite: Debian's `chromium` (`apt-get install -y chromium`); the script says so if it is missing.
+Prerequisite: Debian's `chromium` (`apt-get install -y chromium`); the script says so if it is missing. Chinese
+pages print with the system's CJK font, else with the one `make js` fetched (fontconfig pointed at .cache/fonts).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import offline_js  # noqa: E402  (chromium_env: the fetched CJK font where the system has none)
+
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--disable-quic", "--no-pdf-header-footer",
@@ -64,7 +68,7 @@ def find_chromium() -> str:
 
 def print_page(chromium: str, html: Path, out: Path, profile: Path) -> None:
     cmd = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--print-to-pdf={out}", html.as_uri()]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=offline_js.chromium_env())
     if proc.returncode != 0 or not out.exists() or out.stat().st_size == 0:
         raise PdfError(f"Chromium could not print {html} (exit {proc.returncode}): {proc.stderr[-500:]}")
 

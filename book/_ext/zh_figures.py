@@ -11,7 +11,8 @@ A label that has English words and no entry in the YAML file stops the page with
 new English label cannot slip into the Chinese edition. Numbers in a label may vary from run to run (measured
 values): an entry may hold `{}` for each number, e.g. `"batch {}": "批大小 {}"`. Words needing no translation
 (acronyms such as GQA, units such as MiB, dtypes such as fp16, anything with a digit) are left as they are.
-Chinese needs a CJK font: Noto Sans CJK from Debian's fonts-noto-cjk.
+Chinese needs a CJK font: Noto Sans CJK from Debian's fonts-noto-cjk where it is installed, else the Noto Sans SC
+that `make js` fetches (pinned in book/_ext/js.lock.toml, see book/_ext/offline_js.py).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from pathlib import Path
 
 import yaml
 
+if __package__:  # pages import this module as _ext.zh_figures, the tests as zh_figures
+    from . import offline_js
+else:
+    import offline_js
+
 HERE = Path(__file__).resolve().parent
 LABELS = HERE.parent / "locale" / "zh_CN" / "figure_labels.yml"
-CJK_FONT_FILES = [  # Debian's fonts-noto-cjk
-    Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"),
-    Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Bold.ttc"),
-]
 UNITS = {"tok", "ms", "us", "ns", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB", "log"}
 MATH = re.compile(r"\$[^$]*\$")
 NUMBER = r"([-+\u2212]?[\d][\d.,]*)"
@@ -77,13 +79,14 @@ def translate(text: str, labels: dict[str, str]) -> str | None:
 
 @lru_cache(1)
 def cjk_family() -> str:
-    """Register Noto Sans CJK with matplotlib (its .ttc is not always in the font cache) and name it."""
+    """Register the CJK font with matplotlib (a .ttc is not always in its font cache, a fetched one never) and
+    name it: the system's Noto Sans CJK, else the Noto Sans SC that `make js` fetched."""
     from matplotlib import font_manager
 
-    found = [p for p in CJK_FONT_FILES if p.is_file()]
+    found = offline_js.cjk_fonts()
     if not found:
-        raise RuntimeError("Chinese figure labels need the Noto Sans CJK font: "
-                           "apt-get install -y fonts-noto-cjk (Debian/Ubuntu)")
+        raise RuntimeError("Chinese figure labels need a CJK font and none is installed or fetched: run `make js` "
+                           "(it fetches the pinned Noto Sans SC), or apt-get install -y fonts-noto-cjk")
     for p in found:
         font_manager.fontManager.addfont(str(p))
     return font_manager.FontProperties(fname=str(found[0])).get_name()
