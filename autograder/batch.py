@@ -41,7 +41,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import notebooks
+from . import notebooks, warm
 from .course import Course, cell_timeout, kernel_environment
 from .intake import Invalid, match_files, preflight, unzip
 from .results import Row, Say, _stderr, summary, write_csv
@@ -94,7 +94,8 @@ def run_job(jobdir: Path, wall: float) -> dict:
     """Grade one prepared job in a child process; kill its whole process group past ``wall``."""
     log = open(jobdir / "job.log", "wb")
     with kernel_environment():
-        proc = subprocess.Popen([sys.executable, "-m", "autograder.job", str(jobdir)], stdout=log,
+        cmd = warm.command("job", [sys.executable, "-m", "autograder.job", str(jobdir)])
+        proc = subprocess.Popen(cmd, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ))
     try:
         proc.wait(timeout=wall)
@@ -266,15 +267,19 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
     everyone = sorted(set(entries) | set(info))
     mine = sorted(s for s in everyone if shard_of(s, n) == k)
     base = work / "course"
-    course = Course(base, {s: sources[s] for s in stems})
-    releases = {stem: course.generate(stem) for stem in stems}
+    hidden = [str(solutions.resolve()), str(base / "gradebook.db"), str(submissions), str(out / "grades.csv")]
+    warm.start()  # the warm servers import torch and nbgrader while the course is set up
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        probe = pool.submit(isolation_status, settings, hidden)  # starts a sandboxed Python: also seconds
+        course = Course(base, {s: sources[s] for s in stems})
+        releases = {stem: course.generate(stem) for stem in stems}
+        isolated, isolation = probe.result()
     source_nbs = {stem: notebooks.read(sources[stem]) for stem in stems}
     max_points = {stem: notebooks.max_points(nb) for stem, nb in source_nbs.items()}
-
-    hidden = [str(solutions.resolve()), str(base / "gradebook.db"), str(submissions), str(out / "grades.csv")]
-    isolated, isolation = isolation_status(settings, hidden)
     settings.isolate = isolated
     say(f"isolation: {isolation}")
+    warm.ensure()
+    say(f"kernels: {warm.status()}")
     workers = max(1, workers or os.cpu_count() or 1)
     threads = max(1, (os.cpu_count() or 1) // workers)
 
@@ -302,6 +307,7 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
             progress.step(row)
         return row
 
+    phases = {"setup": time.perf_counter() - t0}
     if canary:
         checks = []
         for stem in stems:
@@ -321,6 +327,7 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
                 return 1
         say("canary: the instructor solution of " + ", ".join(stems) + " gets full marks with these settings")
 
+    phases["canary"] = time.perf_counter() - t0 - phases["setup"]
     rows: list[Row] = []
     todo = []
     for student in mine:
@@ -354,10 +361,14 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
 
     write_all(out, say=say)
     # shard and class (every student of every shard, the notebooks): merge checks completeness against them
-    meta = {"class": {"students": everyone, "notebooks": stems}, "format": intake.format, "isolation": isolation, "isolated": isolated, "workers": workers,
+    meta = {"class": {"students": everyone, "notebooks": stems}, "format": intake.format, "isolation": isolation,
+            "isolated": isolated, "kernels": warm.status(), "workers": workers,
             "shard": f"{k}/{n}", "settings": dataclasses.asdict(settings), "seconds": time.perf_counter() - t0,
+            "phases": dict(phases, students=time.perf_counter() - t0 - sum(phases.values())),
             "graded": len(todo), "rows": len(rows), "canary": canary,
-            "per_notebook_seconds": {f"{r.student}/{r.notebook}": round(r.seconds, 2) for r in rows if r.seconds}}
+            "per_notebook_seconds": {f"{r.student}/{r.notebook}": round(r.seconds, 2) for r in rows if r.seconds},
+            "per_notebook_timing": {f"{r.student}/{r.notebook}": {k: round(v, 3) for k, v in r.timing.items()}
+                                    for r in rows if r.timing}}
     (out / "grading.json").write_text(json.dumps(meta, indent=1))
     if not os.environ.get("KVREF_KEEP_WORK"):  # debugging: keep OUT/.work (job logs, course dirs)
         shutil.rmtree(work, ignore_errors=True)
@@ -386,8 +397,11 @@ def _grade_one(student, stem, path, note, release, source, base, work, fb_dir, s
     try:
         _job_course(jobdir, base, stem, student, nb)
         (jobdir / "job.json").write_text(json.dumps({
-            "stem": stem, "student": student, "threads": threads, "settings": dataclasses.asdict(settings)}))
+            "stem": stem, "student": student, "threads": threads, "settings": dataclasses.asdict(settings),
+            "queued": time.time()}))
+        t = time.perf_counter()
         result = run_job(jobdir, settings.notebook_timeout)
+        timing = dict(result.get("timing", {}), total=time.perf_counter() - t)
         score = float(result.get("score", 0.0))
         if result["status"] in ("ok", "needs_review"):
             page = jobdir / "feedback.html"
@@ -397,7 +411,7 @@ def _grade_one(student, stem, path, note, release, source, base, work, fb_dir, s
                 shutil.copyfile(page, dest)
         return Row(student, stem, score, float(result.get("max_score", max_score)), result["status"],
                    "; ".join(notes + [r for r in [result.get("reason", "")] if r]),
-                   tests=result.get("tests", []), manual=result.get("manual", {}))
+                   tests=result.get("tests", []), manual=result.get("manual", {}), timing=timing)
     finally:
         if not os.environ.get("KVREF_KEEP_WORK"):
             shutil.rmtree(jobdir, ignore_errors=True)

@@ -44,6 +44,9 @@ def check(path: Path, release: Path | None = None, settings=None, say: Say = _pr
     settings = settings or Settings()
     if not settings.cell_timeout:
         settings.cell_timeout = cell_timeout()
+    from . import warm
+
+    warm.start()  # the warm servers import torch and nbgrader while the course is set up
     work = Path(tempfile.mkdtemp(prefix="kvcheck-"))
     try:
         base = work / "course"
@@ -52,7 +55,8 @@ def check(path: Path, release: Path | None = None, settings=None, say: Say = _pr
         course = Course(base, {stem: source})
         visible = course.generate(stem)
         settings.isolate, isolation = isolation_status(settings, [str(work / "course" / "gradebook.db")])
-        say(f"checking {path} (visible tests only; isolation: {isolation})")
+        warm.ensure()
+        say(f"checking {path} (visible tests only; isolation: {isolation}; kernel: {warm.status().split(' (')[0]})")
         row = _grade_one("you", stem, path.resolve(), "", visible, notebooks.read(source), base, work,
                          work / "feedback", settings, notebooks.max_points(visible), max(1, os.cpu_count() or 1))
     finally:

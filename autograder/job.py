@@ -14,11 +14,12 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from traitlets.config import Config
 
-from . import notebooks, sandbox
+from . import notebooks, sandbox, warm
 from .feedback import ANSI as feedback_ANSI, feedback_html, redact
 from .course import ROOT, Course, kernel_environment
 
@@ -112,7 +113,18 @@ def other_errors(nb, limit: int = 100) -> list[str]:
     return out
 
 
+def cell_span(nb) -> tuple[float, float] | None:
+    """(first cell's start, last cell's reply) in epoch seconds, from nbclient's timing metadata."""
+    from datetime import datetime
+
+    times = [datetime.fromisoformat(str(t).replace("Z", "+00:00")).timestamp()
+             for c in nb.cells for k, t in c.get("metadata", {}).get("execution", {}).items()
+             if k in ("iopub.execute_input", "shell.execute_reply")]
+    return (min(times), max(times)) if times else None
+
+
 def main(jobdir: Path) -> int:
+    entered = time.time()
     job = json.loads((jobdir / "job.json").read_text())
     stem, student, settings = job["stem"], job["student"], job["settings"]
     course_dir = jobdir / "course"
@@ -141,7 +153,7 @@ def main(jobdir: Path) -> int:
         kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                   f"--IPKernelApp.exec_files={json.dumps([str(spec / 'startup.py')])}"]
         (spec / "kernels" / "python3" / "kernel.json").write_text(json.dumps({
-            "argv": sandbox.command(spec / "policy.json", kernel), "display_name": "Python 3 (sandboxed)",
+            "argv": warm.command("kernel", kernel, spec / "policy.json"), "display_name": "Python 3 (sandboxed)",
             "language": "python", "metadata": {"debugger": False}}))
         os.environ["JUPYTER_PATH"] = str(spec)
         os.environ["JUPYTER_RUNTIME_DIR"] = str(run)
@@ -155,7 +167,9 @@ def main(jobdir: Path) -> int:
         c.Execute.startup_timeout = int(os.environ.get("KVREF_STARTUP_TIMEOUT", 120))
         c.LimitOutput.max_lines = 2000
         course = Course(course_dir, overrides=c)
+        started = time.time()
         result = course.autograde(stem, student)
+        ended = time.time()
         (jobdir / "nbgrader.log").write_text(result.get("log", "") + "\n" + str(result.get("error", "")))
         scores = course.scores(stem).get(student)
         graded_path = course.autograded_path(stem, student)
@@ -190,6 +204,14 @@ def main(jobdir: Path) -> int:
                                           + [r for r in [reason] if r])
             page = feedback_html(redacted, cells, f"{stem} — {student}")
             (jobdir / "feedback.html").write_text(page, encoding="utf-8")
+        # Where the time went (seconds): the job process's start (Python, imports) up to main, the
+        # course set-up, nbgrader until the first cell (its bookkeeping and the kernel's start),
+        # the cells, nbgrader after the last one (kernel shutdown, scores), and the result here.
+        span = cell_span(notebooks.read(graded_path)) if graded_path.is_file() else None
+        first, last = span or (ended, ended)
+        out["timing"] = {"job_start": entered - job.get("queued", entered), "setup": started - entered,
+                         "to_first_cell": first - started, "cells": last - first, "after_cells": ended - last,
+                         "result": time.time() - ended}
         (jobdir / "result.json").write_text(json.dumps(out))
         return 0
     finally:

@@ -42,6 +42,7 @@ class Row:
     seconds: float = 0.0  # not in the CSV
     tests: list = dataclasses.field(default_factory=list)  # [{name, score, max_score, output}], not in the CSV
     manual: dict = dataclasses.field(default_factory=dict)  # {grade_id: {max_score, answer}}, not in the CSV
+    timing: dict = dataclasses.field(default_factory=dict)  # where the seconds went (job.py), not in the CSV
 
 
 

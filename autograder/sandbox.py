@@ -234,7 +234,16 @@ def _die_with_parent() -> None:
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
 
 
-def run(policy: dict, argv: list[str]) -> int:
+def _exec(argv: list[str], env: dict) -> None:
+    os.execvpe(argv[0], argv, env)
+
+
+def run(policy: dict, argv: list[str], start=_exec, wait=None) -> int:
+    """Run ``argv`` under ``policy``; returns its shell-style exit status. ``start(argv, env)``
+    replaces the sandboxed process by the program (default: exec it; ``warm.py`` runs a kernel
+    in the already warm, forked process instead); ``wait(pid)`` waits for the top child and kills
+    it when the caller goes away (default: when the process that started us exits)."""
+    wait = wait or _wait_watching_parent
     env = dict(os.environ)
     env.update(policy.get("env", {}))
     cwd = policy.get("cwd") or os.getcwd()
@@ -245,11 +254,11 @@ def run(policy: dict, argv: list[str]) -> int:
                 _die_with_parent()
                 _limits(policy)
                 os.chdir(cwd)
-                os.execvpe(argv[0], argv, env)
+                start(argv, env)
             finally:
                 os._exit(127)
         _forward_signals(pid)
-        return _wait_watching_parent(pid)
+        return wait(pid)
 
     # ipykernel exits when its parent's pid (JPY_PARENT_PID) is not its parent: in a PID
     # namespace it never is. The sandbox's PID 1 dies with the grader instead (PDEATHSIG).
@@ -262,7 +271,7 @@ def run(policy: dict, argv: list[str]) -> int:
     if pid:
         os.close(write_end)
         _forward_signals(pid)
-        status = _wait_watching_parent(pid)
+        status = wait(pid)
         err = os.read(read_end, 4096).decode(errors="replace")
         if err:
             print(f"autograder.sandbox: {err}", file=sys.stderr, flush=True)
@@ -283,7 +292,7 @@ def run(policy: dict, argv: list[str]) -> int:
                 os.close(write_end)
                 _limits(policy)
                 os.chdir(cwd)
-                os.execvpe(argv[0], argv, env)
+                start(argv, env)
             finally:
                 os._exit(127)
         os.close(write_end)
@@ -306,6 +315,9 @@ def readonly_paths(root: Path) -> list[str]:
     # Package folders added to the path by a .pth file or a --user install (never a source tree:
     # PYTHONPATH may hold the course repository, which the kernel must not see).
     paths |= {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")}
+    # A symlinked venv (a git worktree sharing another checkout's .venv) is bound as a symlink:
+    # its target must be there too, or the kernel's python is not found (exit status 127).
+    paths |= {str(Path(p).resolve()) for p in paths if p and os.path.exists(p)}
     return sorted(p for p in paths if p and os.path.exists(p) and p != "/")
 
 

@@ -8,15 +8,19 @@ One concept per module: config, model (+ attention), cache, generate, hf (loadin
 (the formula and a planner), paged + prefix (block pool, prefix caching), chunked, serve
 (continuous batching), quant (int8/int4 KV), evict (window, sinks, H2O), train (the tiny model);
 for decode speed: compiled (a decode step torch.compile takes whole), splitk (online softmax and
-split-K attention, for reading), paged_inplace (paged decode attention in place with FlexAttention).
+split-K attention, for reading), paged_inplace (paged decode attention in place with FlexAttention);
+for chapter 10's models whose layers differ: kinds (the layer kinds), planner (bytes per layer),
+layers (the per-layer model path and LayeredCache), mla (latent attention), hf_families (Qwen3,
+Gemma 3, DeepSeek-V3 for load_hf), select (top-k selection over a full cache).
 """
 
 from .cache import DynamicCache, KVCache, StaticCache
 from .chunked import chunked_prefill
-from .config import PRESETS, ModelConfig
+from .config import MODERN_PRESETS, PRESETS, ModelConfig
 from .evict import BudgetError, H2OCache, SinkCache, SlidingWindowCache
 from .generate import Generation, GenerationStats, decode_one_token, generate, prefill, sample
 from .hf import load_hf
+from .layers import LayeredCache
 from .memory import MemoryPlan, kv_bytes_per_token, kv_cache_bytes, param_count, plan_memory, weight_bytes
 from .model import Transformer
 from .paged import BlockPool, CacheFull, PagedKVCache
@@ -27,7 +31,7 @@ from .tokenizer import ByteTokenizer
 
 __all__ = [
     "BlockPool", "BudgetError", "ByteTokenizer", "CacheFull", "DynamicCache", "Engine", "Generation",
-    "GenerationStats", "H2OCache", "KVCache", "MemoryPlan", "ModelConfig", "PRESETS", "PagedKVCache",
+    "GenerationStats", "H2OCache", "KVCache", "LayeredCache", "MODERN_PRESETS", "MemoryPlan", "ModelConfig", "PRESETS", "PagedKVCache",
     "PrefixCachingPool", "QuantizationError", "QuantizedCache", "Request", "SinkCache", "SlidingWindowCache",
     "StaticCache", "Transformer", "chunked_prefill", "decode_one_token", "generate", "kv_bytes_per_token",
     "kv_cache_bytes", "load_hf", "param_count", "plan_memory", "prefill", "sample", "tiny_model", "weight_bytes",

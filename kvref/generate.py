@@ -53,6 +53,12 @@ class Generation:
 
 
 def make_cache(model: Transformer, kind: str | None, batch: int, max_len: int) -> KVCache | None:
+    cfg = model.cfg
+    if kind in ("static", "dynamic") and cfg.layer_types is not None:  # per-layer kinds: storage per layer
+        from .layers import LayeredCache
+
+        return LayeredCache(cfg, batch, max_len if kind == "static" else None, dtype=model.dtype, device=model.device,
+                            static=kind == "static")
     if kind == "static":
         return StaticCache(model.cfg, batch, max_len, dtype=model.dtype, device=model.device)
     if kind == "dynamic":

@@ -1,7 +1,8 @@
 """Load a Hugging Face-format folder (config.json + *.safetensors) into a kvref Transformer.
 
 Only the file formats are shared with ``transformers``; this module does not import it.
-Supported ``model_type``s: gpt2, llama, mistral, qwen2.
+Supported ``model_type``s: gpt2, llama, mistral, qwen2, and (kvref.hf_families) qwen3, gemma3_text and
+deepseek_v3 (dense layers only).
 """
 
 from __future__ import annotations
@@ -13,16 +14,22 @@ import torch
 from safetensors.torch import load_file
 
 from .config import ModelConfig
+from .hf_families import FAMILIES, config_from_family, family_weights
 from .model import Transformer
 
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2") + FAMILIES
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
     """Translate a config.json dict into a ModelConfig (or say clearly why not)."""
     kind = hf.get("model_type")
+    if kind == "gemma3":
+        raise ValueError("model_type 'gemma3' is the image-text model; kvref reads its language model alone "
+                         "(model_type 'gemma3_text', saved from Gemma3ForCausalLM)")
     if kind not in SUPPORTED:
         raise ValueError(f"model_type {kind!r} is not supported; load_hf reads {', '.join(SUPPORTED)}")
+    if kind in FAMILIES:
+        return config_from_family(hf)
     if kind == "gpt2":
         if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"gpt2 with activation {hf['activation_function']!r} is not supported (gelu_new only)")
@@ -108,7 +115,10 @@ def load_hf(path: str | Path, dtype: torch.dtype | None = None,
     for f in files:
         weights.update(load_file(str(f)))
     try:
-        sd = _gpt2_weights(weights, cfg) if cfg.arch == "gpt2" else _llama_weights(weights, cfg)
+        if hf["model_type"] in FAMILIES:
+            sd = family_weights(weights, cfg, hf["model_type"])
+        else:
+            sd = _gpt2_weights(weights, cfg) if cfg.arch == "gpt2" else _llama_weights(weights, cfg)
     except KeyError as e:
         raise ValueError(f"{path}: weight {e.args[0]!r} is missing for a {hf['model_type']} model") from None
     if dtype is None:

@@ -45,8 +45,16 @@ def bytes_per_element(dtype: torch.dtype | str) -> int:
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype | str = torch.float16) -> int:
-    """Bytes one token adds to the cache across all layers: 2 * L * H_kv * D * bytes."""
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * bytes_per_element(dtype)
+    """Bytes one token adds to the cache across all layers: 2 * L * H_kv * D * bytes.
+
+    With per-layer kinds (``cfg.layer_types``): what one more token adds once S is long, i.e. the
+    full, latent and sparse layers; sliding, linear and shared layers stop growing (see layer_kv_bytes).
+    """
+    if cfg.layer_types is None:
+        return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * bytes_per_element(dtype)
+    from .planner import per_token_elements
+
+    return sum(per_token_elements(cfg, i) for i in range(cfg.n_layers)) * bytes_per_element(dtype)
 
 
 def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtype | str = torch.float16, *,
@@ -66,6 +74,13 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtyp
         full precision.
     """
     _check_counts(batch, seq_len)
+    if cfg.layer_types is not None:
+        if block_size is not None or kv_bits is not None:
+            raise ValueError("block_size and kv_bits are modelled for configs without layer_types only; "
+                             f"this one has layer kinds {sorted(set(cfg.layer_types))}")
+        from .planner import layer_kv_bytes  # per-layer kinds: the bill is a sum over layers
+
+        return sum(layer_kv_bytes(cfg, i, batch, seq_len, dtype) for i in range(cfg.n_layers))
     if kv_bits is not None:
         if block_size is not None:
             raise ValueError("block_size and kv_bits together are not modelled; give one or the other")
@@ -93,6 +108,9 @@ def _check_counts(batch: int, seq_len: int) -> None:
 
 def param_count(cfg: ModelConfig) -> int:
     """Parameters of ``Transformer(cfg)``, counted from the shape alone (no weights needed)."""
+    if cfg.layered:
+        raise ValueError("param_count counts GPT-2/Llama shapes only; this config has per-layer kinds or Gemma/Qwen3 "
+                         "options (layer_types, qk_norm, ...): pass weights=<bytes> to plan_memory instead")
     d, H, H_kv, D, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
     gpt2 = cfg.arch == "gpt2"
     attn = d * (H + 2 * H_kv) * D + H * D * d  # qkv and output projection
@@ -170,7 +188,7 @@ def plan_memory(cfg: ModelConfig, device_bytes: int, *, batch: int = 1, seq_len:
         lo, hi = (mid, hi) if size(batch, mid) <= budget else (lo, mid - 1)
     return MemoryPlan(
         device_bytes=device_bytes, weight_bytes=weights, reserve_bytes=reserve_bytes, kv_budget_bytes=budget,
-        bytes_per_token=kv_bytes_per_token(cfg, dtype), kv_tokens=budget // kv_bytes_per_token(cfg, dtype),
+        bytes_per_token=kv_bytes_per_token(cfg, dtype), kv_tokens=budget // max(kv_bytes_per_token(cfg, dtype), 1),
         batch=batch, seq_len=seq_len, need_bytes=need, max_batch=budget // per_seq if per_seq else 0,
         max_seq_len=lo, model_max_seq_len=cfg.max_seq_len,
     )
@@ -186,3 +204,9 @@ def preset_table(seq_len: int = 4096, dtype: torch.dtype | str = torch.float16) 
                     f"{kv_bytes_per_token(cfg, dtype) / 1024:.0f} KiB | "
                     f"{kv_cache_bytes(cfg, 1, seq_len, dtype) / GiB:.3f} GiB |")
     return "\n".join(rows)
+
+
+# Per-layer kinds (chapter 10) live in kvref.planner; their names are importable from here too.
+from .planner import (CH10_PRESETS, kv_bytes_by_kind, latent_vs_heads, layer_formula, layer_kv_bytes,  # noqa: E402
+                      per_token_elements,
+                      mla_decode_read_bytes, planner_rows, planner_table)

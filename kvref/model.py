@@ -128,15 +128,25 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.arch == "gpt2" else None
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.arch == "gpt2" else RMSNorm(
-            cfg.d_model, cfg.norm_eps)
+        self._layered = cfg.layered  # per-layer kinds (chapter 10): kvref.layers builds and runs the blocks
+        if self._layered:
+            from . import layers
+
+            self.blocks, self.norm = layers.build_blocks(cfg), layers.make_norm(cfg, cfg.d_model)
+        else:
+            self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+            self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.arch == "gpt2" else RMSNorm(
+                cfg.d_model, cfg.norm_eps)
         self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init)
         self.to(device=device, dtype=dtype)
-        if cfg.arch == "llama":  # computed in fp32 whatever the weights' dtype, cast at use
+        if self._layered:  # one table per group: full, sliding, latent (fp32, cast at use)
+            for g, (cos, sin) in layers.rope_tables(cfg, self.device).items():
+                self.register_buffer(f"rope_cos_{g}", cos, persistent=False)
+                self.register_buffer(f"rope_sin_{g}", sin, persistent=False)
+        elif cfg.arch == "llama":  # computed in fp32 whatever the weights' dtype, cast at use
             cos, sin = rope_tables(cfg, self.device)
             self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, D)
             self.register_buffer("rope_sin", sin, persistent=False)
@@ -160,6 +170,10 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
                 attention_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
         """Logits (B, T, V) for the new tokens, or (B, 1, V) for the last one if ``last_only``."""
+        if self._layered:
+            from .layers import forward_layered
+
+            return forward_layered(self, input_ids, cache, attention_mask, last_only)
         cfg = self.cfg
         real = self._check_inputs(input_ids, attention_mask)
         B, T = input_ids.shape

@@ -15,6 +15,7 @@ BENCHMARKS = {
     "quality": "what quantised and evicting caches cost in output quality",
     "decode": "compiled decode, roofline, kvref vs HF by batch, paged attention in place (FlexAttention)",
     "gpu": "the GPU check: CUDA tests, decode benchmark on CUDA, one markdown report",
+    "ch10": "chapter 10: bytes per token, MLA reads per step, per-layer planner, interleaved growth, top-k vs H2O",
 }
 
 

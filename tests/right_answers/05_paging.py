@@ -63,4 +63,8 @@ RIGHT = {
          "        k_pool.index_copy_(1, new * block_size + rows, k_pool.index_select(1, old * block_size + rows))\n"
          "        v_pool.index_copy_(1, new * block_size + rows, v_pool.index_select(1, old * block_size + rows))\n"),
     ],
+    # A LIFO free list: the block freed last is handed out first (the notebook leaves the choice open).
+    "lifo_free_list": [
+        ("block_allocator", "block = self.free_ids.pop(0)", "block = self.free_ids.pop()"),
+    ],
 }

@@ -46,4 +46,11 @@ RIGHT = {
          "    return any(rows > 1 for rows in rows_per_token[1:])  # token 0 pays for the prompt; each later one for itself",
          "    return bool((np.asarray(rows_per_token[1:]) > 1).any())"),
     ],
+    # Recomputation read in the served requests, robust to a one-off preemption: some request recomputes on most of
+    # its later tokens (the planted fault recomputes at every token; a preempted request once).
+    "recompute_read_in_served_requests_majority": [
+        ("diagnose", "    if recomputes_prefix(solo.rows_per_token):",
+         "    if any(2 * sum(rows > 1 for rows in r.rows_per_token[1:]) > len(r.rows_per_token) - 1\n"
+         "           for r in s.requests.values()):"),
+    ],
 }

@@ -40,4 +40,14 @@ WRONG = {
     "broadcast_mask_ignored": [
         ("grouped_attention", "if mask is not None:", "if mask is not None and mask.shape[0] == B:"),
     ],
+    # mask=None read as "causal": the text says None means every query sees every key (the two agree only for T = 1).
+    "none_read_as_causal": [
+        ("grouped_attention", "    if isinstance(mask, str):", "    if mask is None or isinstance(mask, str):"),
+    ],
+    # The mask reshaped to (B, 1, 1, T, S) as if it always had T rows: a (B, 1, 1, S) padding mask, valid for any T
+    # (the text: broadcastable to (B, 1, T, S)), fails as soon as T > 1.
+    "mask_reshaped_to_t_rows": [
+        ("grouped_attention", "        mask = mask.unsqueeze(2) if mask.dim() == 4 else mask  # (B, 1, 1, T, S) or (T, S)",
+         "        mask = mask.reshape(-1, 1, 1, T, S)  # (B, 1, 1, T, S)"),
+    ],
 }

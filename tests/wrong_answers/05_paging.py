@@ -107,4 +107,14 @@ WRONG = {
     "cow_copies_keys_only": [
         ("copy_on_write", "        v_pool[:, dst] = v_pool[:, src]\n", ""),
     ],
+    # free() decrements first and checks afterwards: a double free is refused with the right ValueError but leaves the
+    # count at -1; an allocate() that increments then brings it to 0, a block in use with no holder (issue 29).
+    "free_decrements_before_check": [
+        ("block_allocator",
+         "        if self.refs[block] == 0:\n            raise ValueError(f\"block {block} is already free: each holder frees a block once (double free?)\")\n"
+         "        self.refs[block] -= 1\n",
+         "        self.refs[block] -= 1\n"
+         "        if self.refs[block] < 0:\n            raise ValueError(f\"block {block} is already free: each holder frees a block once (double free?)\")\n"),
+        ("block_allocator", "        self.refs[block] = 1\n", "        self.refs[block] += 1\n"),
+    ],
 }

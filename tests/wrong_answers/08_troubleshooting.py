@@ -65,4 +65,11 @@ WRONG = {
     "leak_cured_by_quantizing": [
         ("cure", '"blocks_not_freed": "free_finished",', '"blocks_not_freed": "quantize_kv",'),
     ],
+    # Reads recomputation in the served requests too, with the warm-up's any-later-token test: a request preempted for
+    # lack of blocks is recomputed once, a side effect of another fault (day 4: the uncached shared prefix), issue 29.
+    "recompute_read_in_served_requests": [
+        ("diagnose", "    if recomputes_prefix(solo.rows_per_token):",
+         "    if recomputes_prefix(solo.rows_per_token) or any(recomputes_prefix(r.rows_per_token)\n"
+         "                                                     for r in s.requests.values()):"),
+    ],
 }

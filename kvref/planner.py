@@ -1,0 +1,171 @@
+"""The memory ledger, one layer at a time: what each layer kind keeps, as a formula and in bytes.
+
+With b bytes per number, S tokens in a sequence and B sequences, one layer holds
+
+    full      2 * S * H_kv * D * b                          K and V of every token
+    sliding   2 * min(S, W) * H_kv * D * b                  the W newest tokens (a ring)
+    latent    S * (r + d_R) * b                             MLA: latent r = kv_lora_rank, RoPE key d_R
+    sparse    S * (r + d_R + d_I) * b                       latent + an indexer key of d_I; reads k rows
+    linear    (H_v * d_k * d_v + C * (K - 1)) * b           Gated DeltaNet: the state matrix per value head
+                                                            plus the last K - 1 inputs of its short
+                                                            convolution (C = 2 * H_k * d_k + H_v * d_v
+                                                            channels), whatever S is (0 before the first token)
+    shared    0                                             reads an earlier layer's K/V
+
+times B. ``kvref.kv_cache_bytes`` is the sum over layers and equals ``cache.nbytes`` of kvref's
+caches for the kinds kvref runs. The linear state counts K - 1 convolution inputs (what the
+convolution needs; vLLM's Mamba-style state keeps K - 1, HF's cache pads to K) and stores the state
+in the cache dtype (engines often keep it in fp32: double those bytes).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+from .kinds import kind_counts, kv_source, layer_kind
+from .memory import GiB, bytes_per_element
+
+CH10_PRESETS = ("llama-3-8b", "deepseek-v3", "deepseek-v3.2", "gemma-3-27b", "gpt-oss-120b", "qwen3-next-80b-a3b",
+                "gemma-3n-e4b")
+
+
+def _conv_channels(cfg: ModelConfig) -> int:
+    """q, k and v all pass through Gated DeltaNet's short convolution: C = 2 * H_k * d_k + H_v * d_v."""
+    keys = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+    return 2 * keys + cfg.linear_num_value_heads * cfg.linear_value_head_dim
+
+
+def _linear_state_elements(cfg: ModelConfig) -> int:
+    state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim  # one d_k x d_v per head
+    return state + _conv_channels(cfg) * (cfg.linear_conv_kernel_dim - 1)
+
+
+def per_token_elements(cfg: ModelConfig, layer: int) -> int:
+    """Numbers one more token adds to ``layer`` once S is long (0 for sliding, linear, shared)."""
+    kind = layer_kind(cfg, layer)
+    if kind == "full":
+        return 2 * cfg.n_kv_heads * cfg.head_dim
+    if kind in ("latent", "sparse"):
+        return cfg.kv_lora_rank + cfg.qk_rope_head_dim + (cfg.index_head_dim if kind == "sparse" else 0)
+    return 0
+
+
+def layer_kv_bytes(cfg: ModelConfig, layer: int, batch: int, seq_len: int,
+                   dtype: torch.dtype | str = torch.float16) -> int:
+    """Bytes layer ``layer`` holds for ``batch`` sequences of ``seq_len`` tokens (the table above)."""
+    if not 0 <= layer < cfg.n_layers:
+        raise ValueError(f"layer must be in [0, {cfg.n_layers - 1}]; got {layer}")
+    b, kind = bytes_per_element(dtype), layer_kind(cfg, layer)
+    if kind == "sliding":
+        return batch * 2 * min(seq_len, cfg.sliding_window) * cfg.n_kv_heads * cfg.head_dim * b
+    if kind == "linear":
+        return batch * _linear_state_elements(cfg) * b if seq_len > 0 else 0
+    return batch * seq_len * per_token_elements(cfg, layer) * b  # full, latent, sparse; shared: 0
+
+
+def layer_formula(cfg: ModelConfig, layer: int) -> str:
+    """The formula of ``layer_kv_bytes`` for this layer, with its numbers, e.g.
+    ``"2 * min(S, W) * H_kv * D * b  (W=1024, H_kv=16, D=128)"``."""
+    kind = layer_kind(cfg, layer)
+    if kind == "full":
+        return f"2 * S * H_kv * D * b  (H_kv={cfg.n_kv_heads}, D={cfg.head_dim})"
+    if kind == "sliding":
+        return f"2 * min(S, W) * H_kv * D * b  (W={cfg.sliding_window}, H_kv={cfg.n_kv_heads}, D={cfg.head_dim})"
+    if kind == "latent":
+        return f"S * (r + d_R) * b  (r={cfg.kv_lora_rank}, d_R={cfg.qk_rope_head_dim})"
+    if kind == "sparse":
+        return (f"S * (r + d_R + d_I) * b, reads min(S, k) rows  (r={cfg.kv_lora_rank}, d_R={cfg.qk_rope_head_dim}, "
+                f"d_I={cfg.index_head_dim}, k={cfg.index_topk})")
+    if kind == "linear":
+        return (f"(H_v * d_k * d_v + C * (K - 1)) * b  (H_v={cfg.linear_num_value_heads}, "
+                f"d_k={cfg.linear_key_head_dim}, "
+                f"d_v={cfg.linear_value_head_dim}, C={_conv_channels(cfg)}, "
+                f"K={cfg.linear_conv_kernel_dim})")
+    return f"0  (reads layer {kv_source(cfg, layer)})"
+
+
+def kv_bytes_by_kind(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtype | str = torch.float16
+                     ) -> dict[str, int]:
+    """Bytes summed per layer kind (the stacks of chapter 10's figure); the values sum to kv_cache_bytes."""
+    out = dict.fromkeys(kind_counts(cfg), 0)
+    for i in range(cfg.n_layers):
+        out[layer_kind(cfg, i)] += layer_kv_bytes(cfg, i, batch, seq_len, dtype)
+    return out
+
+
+def planner_rows(names: tuple[str, ...] = CH10_PRESETS, seq_lens: tuple[int, ...] = (8192, 131072),
+                 dtype: torch.dtype | str = torch.bfloat16) -> list[dict]:
+    """One row per preset and distinct per-layer formula: preset, kind, layers, formula, and
+    ``bytes`` {seq_len: bytes of all those layers for one sequence}; then a "total" row per preset."""
+    rows = []
+    for name in names:
+        cfg = ModelConfig.preset(name)
+        groups: dict[str, list[int]] = {}
+        for i in range(cfg.n_layers):
+            formula = layer_formula(cfg, i)
+            groups.setdefault(formula, []).append(i)
+        for formula, layers in groups.items():
+            rows.append({"preset": name, "kind": layer_kind(cfg, layers[0]), "layers": len(layers), "formula": formula,
+                         "bytes": {s: sum(layer_kv_bytes(cfg, i, 1, s, dtype) for i in layers) for s in seq_lens}})
+        rows.append({"preset": name, "kind": "total", "layers": cfg.n_layers, "formula": "",
+                     "bytes": {s: _total(cfg, s, dtype) for s in seq_lens}})
+    return rows
+
+
+def _total(cfg: ModelConfig, seq_len: int, dtype) -> int:
+    from .memory import kv_cache_bytes
+
+    return kv_cache_bytes(cfg, 1, seq_len, dtype)
+
+
+def planner_table(names: tuple[str, ...] = CH10_PRESETS, seq_lens: tuple[int, ...] = (8192, 131072),
+                  dtype: torch.dtype | str = torch.bfloat16) -> str:
+    """planner_rows as a markdown table (GiB per sequence)."""
+    head = "| preset | kind | layers | per-layer formula | " + " | ".join(f"S={s}" for s in seq_lens) + " |"
+    lines = [head, "|" + "---|" * (4 + len(seq_lens))]
+    for r in planner_rows(names, seq_lens, dtype):
+        cells = " | ".join(f"{r['bytes'][s] / GiB:.3f} GiB" for s in seq_lens)
+        kind = "**total**" if r["kind"] == "total" else r["kind"]
+        lines.append(f"| {r['preset']} | {kind} | {r['layers']} | {r['formula']} | {cells} |")
+    return "\n".join(lines)
+
+
+# -- MLA: bytes read per decode step ------------------------------------------------------------------------
+MLA_FORMS = ("naive", "absorbed")
+
+
+def mla_decode_read_bytes(cfg: ModelConfig, seq_len: int, form: str, dtype: torch.dtype | str = torch.bfloat16,
+                          batch: int = 1) -> dict[str, int]:
+    """Bytes one decode step reads in the attention of every latent (or sparse) layer, S = ``seq_len`` keys.
+
+    Both forms read the latent cache once (``cache``: B * S * (r + d_R)) and the up-projection
+    W_UKV (``weights``: H * (d_nope + d_v) * r). The naive form multiplies every cached latent by
+    it, writing per-head keys and values that attention then reads (``expanded``:
+    B * S * H * (d_nope + d_R + d_v)); the absorbed form folds W_UK into the query and W_UV into the
+    output, so attention reads the latent rows directly (``expanded`` = 0).
+    Counted by kvref.mla's ``reads`` argument too (tests compare the two).
+    """
+    if form not in MLA_FORMS:
+        raise ValueError(f"form must be one of {MLA_FORMS}; got {form!r}")
+    layers = sum(layer_kind(cfg, i) in ("latent", "sparse") for i in range(cfg.n_layers))
+    if not layers:
+        raise ValueError("this config has no latent (MLA) layers")
+    H, r, dR, dn, dv = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim
+    b = bytes_per_element(dtype)
+    out = {"cache": batch * seq_len * (r + dR), "weights": H * (dn + dv) * r,
+           "expanded": batch * seq_len * H * (dn + dR + dv) if form == "naive" else 0}
+    out = {k: v * b * layers for k, v in out.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+def latent_vs_heads(cfg: ModelConfig, dtype: torch.dtype | str = torch.bfloat16, n_kv_heads: int = 8
+                    ) -> dict[str, int]:
+    """Cache bytes per token (all layers) of an MLA config against MHA and GQA of the same width:
+    K of d_nope + d_R and V of d_v per head, for H heads ("mha") or ``n_kv_heads`` ("gqa")."""
+    layers = sum(layer_kind(cfg, i) in ("latent", "sparse") for i in range(cfg.n_layers))
+    per_head = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim
+    b = bytes_per_element(dtype)
+    return {"mla": layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * b,
+            "gqa": layers * n_kv_heads * per_head * b, "mha": layers * cfg.n_heads * per_head * b}
