@@ -382,11 +382,12 @@ def test_rerun_is_cached_and_force_regrades(batch, tmp_path):
         shutil.copytree(batch["subs"] / s, subs / s)
     first = tmp_path / "out"
     shutil.copytree(out, first)
-    t0 = time.perf_counter()
     assert grade_batch(subs, first, batch["solutions"], workers=2, settings=Settings(**SETTINGS),
                        notebook_names=[STEM], say=lines.append, canary=False) == 0
-    assert time.perf_counter() - t0 < 30
-    assert "(cached)" in "\n".join(lines)
+    # Nothing is graded again: every handed-in notebook is a cache hit (a count, not a clock,
+    # so a loaded machine cannot fail it); "missing" has nothing handed in, so no line of its own.
+    hits = sorted(m[1] for line in lines if (m := re.search(rf"\s(\w+)/{STEM}: .*\(cached\)$", line)))
+    assert hits == ["good", "notjson"], lines
     rows = {(r.student, r.notebook): r for r in read_csv(first / "grades.csv")}
     assert rows[("good", STEM)].score == 3 and rows[("notjson", STEM)].status == "invalid"
 

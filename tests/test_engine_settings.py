@@ -26,7 +26,8 @@ SNAKE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+")
 # snake_case spans in engine lines that are not settings: a model's config keys, a metric
 # field, torch dtypes, an engine's internal variable, and kvref's own names.
 NOT_SETTINGS = {"kv_lora_rank", "qk_rope_head_dim", "cached_tokens", "float8_e4m3fn",
-                "float8_e5m2", "v_trans", "max_running", "token_budget", "plan_memory"}
+                "float8_e5m2", "v_trans", "max_running", "token_budget", "plan_memory",
+                "size_swa"}
 
 
 def prose_lines(text: str):
