@@ -55,11 +55,10 @@ def cell_timeout() -> float:
     return float(load_config().Execute.timeout)
 
 
-# pytest's own variables: ipykernel turns off its capture of C-level stderr when it sees
-# PYTEST_CURRENT_TEST, so a kernel started from a test would not lose the points that the same
-# cell loses under `make grade`. Kernels never see them.
-PYTEST_VARS = ("PYTEST_CURRENT_TEST", "PYTEST_VERSION", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_XDIST_WORKER",
-               "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+# pytest's variables (and the Makefile's PYTEST_ARGS): ipykernel turns off its capture of C-level
+# stderr when it sees PYTEST_CURRENT_TEST, so a kernel started from a test would not lose the points
+# that the same cell loses under `make grade`. Kernels see none of the PYTEST* names.
+PYTEST_PREFIX = "PYTEST"
 
 
 @contextlib.contextmanager
@@ -76,7 +75,7 @@ def kernel_environment() -> Iterator[None]:
         "MPLBACKEND": "Agg",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # no debugger banner on the kernel's stderr
     }
-    wanted.update({k: None for k in PYTEST_VARS})
+    wanted.update({k: None for k in os.environ if k.startswith(PYTEST_PREFIX)})
     if warm._servers is not None and warm._servers.ready:
         wanted[warm.ENV_SOCKET] = warm._servers.env_value()
     if not os.environ.get("JUPYTER_PATH"):  # a grading job sets its own (sandboxed) kernel spec
