@@ -96,3 +96,15 @@ def test_hf_match_with_layout_forced(layout, tmp_path, monkeypatch):
         expected = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16,
                                min_new_tokens=16, pad_token_id=0)
     assert torch.equal(kvref.generate(ours, ids, 16).tokens, expected)
+
+
+def test_frozen_compiled_decode_with_weights_stored_in_out():
+    """Inductor's freezing repacks the weights as they lie: stored (in, out), the tokens are still eager's."""
+    from kvref.compiled import CompiledDecoder
+
+    model = forced(tiny_config("gpt2"), "in_out", 0.2)
+    ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(3))
+    torch._dynamo.reset()
+    dec = CompiledDecoder(model, freeze=True)
+    got = dec.generate(ids, 12, kvref.StaticCache(model.cfg, 2, 19))
+    assert torch.equal(got, kvref.generate(model, ids, 12).tokens)

@@ -293,8 +293,8 @@ def guarded(title: str, section: Callable[[], list[str]]) -> list[str]:
         return [f"{title}\n", f"**failed**: {error_line(e, 300)}", ""]
 
 
-def report(device: torch.device, quick: bool, repeats: int, log) -> str:
-    """All four tables as one markdown string."""
+def report(device: torch.device, quick: bool, repeats: int, log, sections: str = "12345") -> str:
+    """The tables as one markdown string (``sections``: which of 1-5; 1 and 2 run together)."""
     prompt, new = 32, (8 if quick else 32)
     batches = (1, 4) if quick else (1, 4, 16, 64)
     model, hf = gpt2_pair(0)
@@ -312,8 +312,8 @@ def report(device: torch.device, quick: bool, repeats: int, log) -> str:
                 "### 2. decode vs the memory-bandwidth roofline (B=1, same run)\n",
                 table(["measurement", "value", "note"], rows2), ""]
 
-    out = guarded(title1, sections_1_2)
-    if not quick:  # the 2-layer quick model has not the HF weights
+    out = guarded(title1, sections_1_2) if set("12") & set(sections) else []
+    if not quick and "3" in sections:  # the 2-layer quick model has not the HF weights
         title3 = (f"### 3. kvref generate vs HF generate ({device.type}, prompt {prompt}, {new} new, greedy, "
                   f"prefill included; {repeats} interleaved repeats)")
         out += guarded(title3, lambda: [title3 + "\n", table(
@@ -330,8 +330,8 @@ def report(device: torch.device, quick: bool, repeats: int, log) -> str:
                                         "bytes copied per step"], rows4), "",
                 "; ".join(f"{k}: {float(v):.3g}" for k, v in info4.items()), ""]
 
-    out += guarded(title4, section_4)
-    if not quick:
+    out += guarded(title4, section_4) if "4" in sections else []
+    if not quick and "5" in sections and device.type == "cpu":  # a CPU profile
         title5 = (f"### 5. where a decode step's time goes, and the limits ({device.type}, prompt {prompt}, {new} new, "
                   f"kvref and HF alternating, {repeats} repeats, medians)")
         out += guarded(title5, lambda: [title5 + "\n", *step_profile.section(model, hf, prompt, new, repeats, log)])
@@ -354,11 +354,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="a 2-layer model, small sizes: checks that it works")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 5, 2 with --quick)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--sections", default="12345", help="which tables to run, e.g. 35 (default all; 1 and 2 together)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (2 if args.quick else 5)
     t0 = time.perf_counter()
-    body = report(torch.device("cpu"), args.quick, repeats, lambda m: print(m, file=sys.stderr, flush=True))
+    body = report(torch.device("cpu"), args.quick, repeats, lambda m: print(m, file=sys.stderr, flush=True),
+                  args.sections)
     print(f"\n## kvref decode benchmark (cpu: {cpu_name()}, {torch.get_num_threads()} thread(s), "
           f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{time.perf_counter() - t0:.0f} s)\n")

@@ -9,11 +9,13 @@ Used by ``python -m kvref.bench decode`` (section 5). Two tables:
   ``scaled_dot_product_attention`` call; everything else is the rest of the step (small ops, Python,
   HF's generation loop; the profiler's own cost per op lands here too, more for the side with more ops).
   kvref and HF are profiled alternately, ``repeats`` times each; the table gives the medians per step;
-* the limits, timed interleaved with unprofiled decode loops of both libraries: the rate at which one
-  core streams the model's weights (``sum()`` over every weight in turn, as a step reads them), which
-  bounds batch-1 decode at rate / bytes per token; and the fp32 GEMM rate with 16 rows on the model's
-  own matrices (the fastest of ``x @ W.T``, ``(W @ x.T).T`` with W (out, in) and ``x @ W`` with W
-  (in, out)), which bounds batch-16 decode at 16 tokens per pass over the matrices.
+* the limits, timed interleaved with unprofiled decode loops of both libraries (kvref's
+  ``generate(...).stats.decode_s``, HF's steps timed by a stopping criterion that never stops): the rate
+  at which one core streams the model's weights (the fastest of ``sum()`` and both product orders over
+  every weight in turn, as a step reads them), which bounds batch-1 decode at rate / bytes per token;
+  and the fp32 GEMM rate with 16 rows on the model's own matrices (the fastest of ``x @ W.T``,
+  ``(W @ x.T).T`` with W (out, in) and ``x @ W`` with W (in, out)), which bounds batch-16 decode at 16
+  tokens per pass over the matrices.
 """
 
 from __future__ import annotations
@@ -82,39 +84,30 @@ def profile_steps(run, model: torch.nn.Module, vocab: int, steps: int) -> dict[s
     return {k: v / 1e6 / steps for k, v in parts.items()}
 
 
-def weight_read(model: torch.nn.Module) -> tuple[callable, int]:
-    """A run returning seconds to stream every weight once (``sum()`` each in turn), and the bytes read."""
-    params = [p if p.is_contiguous() else p.t() for p in {id(p): p for p in model.parameters()}.values()]  # storage order
-
-    def run() -> float:
-        t0 = time.perf_counter()
-        for p in params:
-            p.sum()
-        return time.perf_counter() - t0
-
-    return run, sum(p.numel() * p.element_size() for p in params)
-
-
-def gemm_pass(model: torch.nn.Module, rows: int = 16) -> tuple[callable, int]:
-    """A run returning the seconds of one pass of ``rows``-row products over every linear weight, in the
-    fastest of three forms (timed inside the run); and the FLOPs of one pass."""
+def matrix_pass(model: torch.nn.Module, rows: int) -> tuple[callable, int, int]:
+    """A run returning the seconds of the fastest pass over every linear weight with ``rows`` rows; the
+    FLOPs and the bytes of one pass. The forms raced: ``x @ W.T`` and ``(W @ x.T).T`` with W (out, in),
+    ``x @ W`` with W (in, out) and, for one row, a plain read ``W.sum()`` (a second copy of the weights
+    exists while this runs)."""
     mats = [m.weight.detach() for m in linear_layers(model)]  # (out, in) as F.linear sees them
     out_in = [w.contiguous() for w in mats]
-    in_out = [w.t().contiguous() for w in mats]  # a second copy of the weights while this runs
+    in_out = [w.t().contiguous() for w in mats]
     xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in mats}
-    forms = {"x @ W.T": lambda: [xs[w.shape[1]] @ w.T for w in out_in],
-             "(W @ x.T).T": lambda: [(w @ xs[w.shape[1]].T).T.contiguous() for w in out_in],
-             "x @ W (in, out)": lambda: [xs[w.shape[0]] @ w for w in in_out]}
+    forms = [lambda: [xs[w.shape[1]] @ w.T for w in out_in],
+             lambda: [(w @ xs[w.shape[1]].T).T.contiguous() for w in out_in],
+             lambda: [xs[w.shape[0]] @ w for w in in_out]]
+    if rows == 1:
+        forms.append(lambda: [w.sum() for w in out_in])
 
     def run() -> float:
         best = float("inf")
-        for form in forms.values():
+        for form in forms:
             t0 = time.perf_counter()
             form()
             best = min(best, time.perf_counter() - t0)
         return best
 
-    return run, sum(2 * rows * w.numel() for w in mats)
+    return run, sum(2 * rows * w.numel() for w in mats), sum(w.numel() * w.element_size() for w in mats)
 
 
 class StepClock:
@@ -161,17 +154,17 @@ def section(model, hf, prompt: int, new: int, repeats: int, log, batches=(1, 16)
         p = interleave({"kvref": lambda: profile_steps(ours, model, V, new - 1),
                         "HF": lambda: profile_steps(theirs, hf, V, new - 1)}, repeats)
         prof[B] = {side: {k: med([r[k] for r in runs]) for k in PARTS} for side, runs in p.items()}
-        probe, amount = weight_read(model) if B == 1 else gemm_pass(model, B)
+        probe, flops, nbytes = matrix_pass(model, B)
         log(f"limits, B={B}: {repeats} interleaved repeats")
         t = interleave({"probe": probe, "kvref": lambda: med(ours()), "HF": lambda: med(theirs())}, repeats)
-        if B == 1:
+        if B == 1:  # bytes per token over the rate the weights streamed at
             w_bytes, kv_bytes = bytes_per_decode_token(model, prompt + new / 2)
-            rate = f"{amount / med(t['probe']) / 1e9:.1f} GB/s"
-            bound = [(w_bytes + kv_bytes) / (amount / s) for s in t["probe"]]  # seconds per token, each repeat
-            what = "weight read (sum() over every weight in turn)"
-        else:
-            rate, bound = f"{amount / med(t['probe']) / 1e9:.0f} GFLOP/s", t["probe"]
-            what = f"fp32 GEMM, {B} rows, the model's matrices (fastest form)"
+            rate = f"{nbytes / med(t['probe']) / 1e9:.1f} GB/s"
+            bound = [(w_bytes + kv_bytes) / (nbytes / s) for s in t["probe"]]  # seconds per token, each repeat
+            what = "weight streaming (fastest of sum() and both product orders, all weights in turn)"
+        else:  # B tokens per pass over the matrices
+            rate, bound = f"{flops / med(t['probe']) / 1e9:.0f} GFLOP/s", t["probe"]
+            what = f"fp32 GEMM, {B} rows, the model's matrices (fastest of three forms)"
         row = [f"B={B}", what, rate, f"{B / med(bound):.1f}"]
         for side in ("kvref", "HF"):
             row += [f"{B / med(t[side]):.1f}", f"{med(bound) / med(t[side]):.0%}"]
