@@ -7,7 +7,7 @@
 One concept per module: config, model (+ attention), cache, generate, hf (loading), memory
 (the formula and a planner), paged + prefix (block pool, prefix caching), chunked, serve
 (continuous batching), quant (int8/int4 KV), evict (window, sinks, H2O), train (the tiny model);
-for decode speed: compiled (a decode step torch.compile takes whole), splitk (online softmax and
+for decode speed: layout (the linear weights' memory order, timed), compiled (a decode step torch.compile takes whole), splitk (online softmax and
 split-K attention, for reading), paged_inplace (paged decode attention in place with FlexAttention);
 for chapter 10's models whose layers differ: kinds (the layer kinds), planner (bytes per layer),
 layers (the per-layer model path and LayeredCache), mla (latent attention), hf_families (Qwen3,
@@ -21,6 +21,7 @@ from .evict import BudgetError, H2OCache, SinkCache, SlidingWindowCache
 from .generate import Generation, GenerationStats, decode_one_token, generate, prefill, sample
 from .hf import load_hf
 from .layers import LayeredCache
+from .layout import set_layout
 from .memory import MemoryPlan, kv_bytes_per_token, kv_cache_bytes, param_count, plan_memory, weight_bytes
 from .model import Transformer
 from .paged import BlockPool, CacheFull, PagedKVCache
@@ -34,7 +35,7 @@ __all__ = [
     "GenerationStats", "H2OCache", "KVCache", "LayeredCache", "MODERN_PRESETS", "MemoryPlan", "ModelConfig", "PRESETS", "PagedKVCache",
     "PrefixCachingPool", "QuantizationError", "QuantizedCache", "Request", "SinkCache", "SlidingWindowCache",
     "StaticCache", "Transformer", "chunked_prefill", "decode_one_token", "generate", "kv_bytes_per_token",
-    "kv_cache_bytes", "load_hf", "param_count", "plan_memory", "prefill", "sample", "tiny_model", "weight_bytes",
+    "kv_cache_bytes", "load_hf", "param_count", "plan_memory", "prefill", "sample", "set_layout", "tiny_model", "weight_bytes",
 ]
 __version__ = "0.1.0"
 

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from .config import ModelConfig
 from .hf_families import FAMILIES, config_from_family, family_weights
+from .layout import set_layout
 from .model import Transformer
 
 SUPPORTED = ("gpt2", "llama", "mistral", "qwen2") + FAMILIES
@@ -100,9 +101,13 @@ def _llama_weights(w: dict, cfg: ModelConfig) -> dict:
     return sd
 
 
-def load_hf(path: str | Path, dtype: torch.dtype | None = None,
-            device: torch.device | str | None = None) -> Transformer:
-    """Read a Hugging Face model folder and return an equivalent kvref ``Transformer``."""
+def load_hf(path: str | Path, dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+            layout: str | None = None) -> Transformer:
+    """Read a Hugging Face model folder and return an equivalent kvref ``Transformer``.
+
+    ``layout``: how the linear weights lie in memory (``kvref.layout.set_layout``): "auto" (time both
+    on this model, keep the faster; the default, also via $KVREF_LAYOUT), "out_in" or "in_out".
+    """
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; expected a Hugging Face model folder")
@@ -128,4 +133,6 @@ def load_hf(path: str | Path, dtype: torch.dtype | None = None,
     missing = [k for k in missing if not (cfg.tie_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"{path}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
-    return model.to(device=device).eval()
+    model = model.to(device=device).eval()
+    set_layout(model, layout)
+    return model

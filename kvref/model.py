@@ -50,12 +50,13 @@ class Linear(nn.Linear):
 
     ``x @ W.T + b`` can also be computed as ``(W @ x.T).T + b``. For 8 to 32 rows of x (one decode
     step of a batch of 8-32 sequences) MKL's fp32 GEMM runs the second form 1.1-1.3x faster per
-    decode step on the course's CPU (docs/benchmarks.md). Other shapes, dtypes and devices use F.linear.
+    decode step on the course's CPU (docs/benchmarks.md). Other shapes, dtypes and devices use F.linear,
+    and so does a weight stored (in, out) (``kvref.layout``), for which the second form is the slow one.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if x.device.type != "cpu" or x.dtype != torch.float32 or not 8 <= rows <= 32:
+        if x.device.type != "cpu" or x.dtype != torch.float32 or not 8 <= rows <= 32 or not self.weight.is_contiguous():
             return super().forward(x)
         x2 = x.reshape(rows, self.in_features)
         y = self.weight @ x2.T if self.bias is None else torch.addmm(self.bias[:, None], self.weight, x2.T)

@@ -1,0 +1,110 @@
+"""The weights' memory layout (kvref.layout) changes speed only: logits and tokens stay the same.
+
+Bound: fp32 logits within 1e-5 between the two layouts (the same products, read in another order, round
+a few ulps differently; LOGIT_STD keeps logits near 3 as in test_cache_equivalence), greedy tokens
+identical; against HF transformers 1e-4 with either layout forced. Nothing here is timed for a verdict:
+"auto" is only checked to pick one of the two and to remember its pick.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvref
+from conftest import ATTENTION_KINDS, tiny_config, tiny_model
+from kvref.layout import LAYOUTS, _chosen, choose_layout, layout_of, linear_layers, set_layout
+
+LOGIT_STD = 0.1
+
+
+def forced(cfg: kvref.ModelConfig, layout: str, std: float) -> kvref.Transformer:
+    model = tiny_model(cfg, std=std)
+    assert set_layout(model, layout) == layout
+    return model
+
+
+@pytest.mark.parametrize("arch,n_kv", ATTENTION_KINDS)
+def test_storage_changes_weights_do_not(arch, n_kv):
+    model = tiny_model(tiny_config(arch, n_kv))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    set_layout(model, "in_out")
+    assert layout_of(model) == "in_out"
+    for m in linear_layers(model):  # the (out, in) shape as F.linear sees it, stored transposed
+        assert m.weight.shape == (m.out_features, m.in_features) and m.weight.t().is_contiguous()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    set_layout(model, "out_in")
+    assert layout_of(model) == "out_in" and all(m.weight.is_contiguous() for m in linear_layers(model))
+
+
+@pytest.mark.parametrize("rows", [1, 16])  # 16: Linear's batched (W @ x.T).T path, taken on (out, in) only
+@pytest.mark.parametrize("arch,n_kv", ATTENTION_KINDS)
+def test_logits_equal_either_layout(arch, n_kv, rows):
+    cfg = tiny_config(arch, n_kv)
+    a, b = (forced(cfg, k, LOGIT_STD) for k in LAYOUTS)
+    ids = torch.randint(0, 256, (rows, 12), generator=torch.Generator().manual_seed(rows)).to(a.device)
+    with torch.no_grad():
+        ca, cb = (kvref.StaticCache(cfg, rows, 16) for _ in range(2))
+        la, lb = a(ids, cache=ca), b(ids, cache=cb)  # prefill, then one decode step of one token per row
+        step = ids[:, -1:]
+        la, lb = torch.cat([la, a(step, cache=ca)], 1), torch.cat([lb, b(step, cache=cb)], 1)
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch,n_kv", ATTENTION_KINDS)
+def test_greedy_tokens_equal_either_layout(arch, n_kv):
+    cfg = tiny_config(arch, n_kv)
+    ids = torch.randint(0, 256, (3, 8), generator=torch.Generator().manual_seed(2))
+    out = [kvref.generate(forced(cfg, k, 0.2), ids, 24).tokens for k in LAYOUTS]
+    assert torch.equal(out[0], out[1])
+
+
+def test_auto_picks_one_and_remembers():
+    model = tiny_model(tiny_config("gpt2"))
+    layout, seconds = choose_layout(model, rows=1)
+    assert layout in LAYOUTS and set(seconds) == set(LAYOUTS) and layout == min(seconds, key=seconds.get)
+    n = len(_chosen)
+    assert set_layout(tiny_model(tiny_config("gpt2"), seed=1), "auto") == layout and len(_chosen) == n
+
+
+def test_bad_layout_is_one_clear_error(monkeypatch):
+    model = tiny_model(tiny_config("llama"))
+    with pytest.raises(ValueError, match="'auto', 'out_in' or 'in_out'; got 'row_major'"):
+        set_layout(model, "row_major")
+    monkeypatch.setenv("KVREF_LAYOUT", "cols")
+    with pytest.raises(ValueError, match=r"\$KVREF_LAYOUT.*got 'cols'"):
+        set_layout(model)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_hf_match_with_layout_forced(layout, tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=128, bos_token_id=0, eos_token_id=0)).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.2) if p.dim() > 1 else p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path)
+    monkeypatch.setenv("KVREF_LAYOUT", layout)  # load_hf reads it when no layout is passed
+    ours = kvref.load_hf(tmp_path)
+    assert layout_of(ours) == layout
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=0)
+        expected = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16,
+                               min_new_tokens=16, pad_token_id=0)
+    assert torch.equal(kvref.generate(ours, ids, 16).tokens, expected)
+
+
+def test_frozen_compiled_decode_with_weights_stored_in_out():
+    """Inductor's freezing repacks the weights as they lie: stored (in, out), the tokens are still eager's."""
+    from kvref.compiled import CompiledDecoder
+
+    model = forced(tiny_config("gpt2"), "in_out", 0.2)
+    ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(3))
+    torch._dynamo.reset()
+    dec = CompiledDecoder(model, freeze=True)
+    got = dec.generate(ids, 12, kvref.StaticCache(model.cfg, 2, 19))
+    assert torch.equal(got, kvref.generate(model, ids, 12).tokens)
