@@ -9,11 +9,12 @@ build (tests/book_build.py), which holds both editions.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 from babel.messages.catalog import Catalog
@@ -397,3 +398,99 @@ def test_chinese_build_config_names_its_catalogs_and_the_shared_cache(tmp_path):
     assert CJK.search(cfg["title"]), f"the Chinese edition's title is {cfg['title']!r}"
     captions = [part["caption"] for part in i18n_tool.chinese_toc()["parts"]]
     assert captions and all(CJK.search(c) for c in captions), captions
+
+
+# ---------------------------------------------------------------- search in the Chinese edition
+
+
+def glossary_terms() -> list[str]:
+    """The glossary's Chinese terms written in Chinese characters only (book/glossary.md: each entry's second
+    line), without the English in brackets and the dagger; "分组大小与残差窗口" gives two terms."""
+    text = (ROOT / "book" / "glossary.md").read_text(encoding="utf-8")
+    terms = []
+    for block in re.findall(r"```\{glossary\}\n(.*?)```", text, re.S):
+        lines = [line for line in block.splitlines() if line and not line.startswith(" ")]
+        for zh in lines[1::2]:
+            zh = re.sub(r"（[^）]*）|†", "", zh).strip()
+            terms += [t for t in zh.split("与") if len(t) >= 2 and all(CJK.match(c) for c in t)]
+    return terms
+
+
+def search_terms() -> list[str]:
+    import i18n_tool
+
+    return i18n_tool.SEARCH_TERMS.read_text(encoding="utf-8").split()
+
+
+def test_chinese_build_indexes_the_course_terms_for_search(tmp_path):
+    import i18n_tool
+
+    cfg = i18n_tool.chinese_config(tmp_path / "cache")
+    assert cfg["sphinx"]["config"]["html_search_options"] == {"dict": str(i18n_tool.SEARCH_TERMS)}
+    terms = search_terms()
+    missing = sorted(set(glossary_terms()) - set(terms))
+    assert not missing, f"glossary terms missing from {i18n_tool.SEARCH_TERMS.name}: {missing}"
+    for t in ["预填充", "解码步", "前缀缓存", "注意力汇聚点", "显存碎片", "块表", "滑动窗口", "环形缓冲区"]:
+        assert t in terms, t
+
+
+def test_jieba_keeps_each_course_term_one_word():
+    jieba = pytest.importorskip("jieba")  # pinned in requirements.txt: Sphinx's Chinese search needs it
+    import i18n_tool
+
+    plain, course = jieba.Tokenizer(), jieba.Tokenizer()
+    course.load_userdict(str(i18n_tool.SEARCH_TERMS))
+    split = [t for t in search_terms() if list(plain.cut(t)) != [t]]
+    assert "预填充" in split  # what the index held before: the test would notice the dictionary missing
+    for term in search_terms():
+        assert list(course.cut(term)) == [term], term
+        # Sphinx indexes the words of cut_for_search: the term itself must be one of them inside a sentence.
+        assert term in course.cut_for_search(f"我们看{term}的时候发现问题"), term
+
+
+def chromium_search(html: Path, term: str, profile: Path) -> list[str]:
+    """The pages (relative to `html`) that the built search page lists for `term`, in headless Chromium."""
+    chromium = next(shutil.which(c) for c in ("chromium", "chromium-browser", "google-chrome") if shutil.which(c))
+    url = (html / "search.html").as_uri() + "?q=" + quote(term)
+    proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                           f"--user-data-dir={profile}", "--dump-dom", url],
+                          capture_output=True, text=True, timeout=120, env=zh_figures.offline_js.chromium_env())
+    results = re.search(r'<ul class="search">(.*?)</ul>', proc.stdout, re.S)
+    assert proc.returncode == 0 and "search" in proc.stdout, proc.stderr[-2000:]
+    return sorted(set(re.findall(r'<a href="([^"#?]+)', results.group(1)))) if results else []
+
+
+def test_a_browser_search_finds_chinese_terms_on_a_tiny_chinese_book(tmp_path):
+    require_tool("Chromium", ("chromium", "chromium-browser", "google-chrome"), "apt-get install -y chromium",
+                 need_all=False)
+    pytest.importorskip("jieba")
+    import i18n_tool
+
+    book = tmp_path / "tiny"
+    (book / "book").mkdir(parents=True)
+    (book / "_config.yml").write_text(TINY_CONFIG + "sphinx:\n  config:\n    language: zh_CN\n"
+                                      f"    html_search_options:\n      dict: {i18n_tool.SEARCH_TERMS}\n")
+    (book / "_toc.yml").write_text(TINY_TOC + "chapters:\n- file: book/a\n- file: book/b\n")
+    (book / "book" / "intro.md").write_text("# 首页\n\n这是一本小书。\n", encoding="utf-8")
+    (book / "book" / "a.md").write_text("# 第一章\n\n请求先经过预填充，再进入解码步。\n", encoding="utf-8")
+    (book / "book" / "b.md").write_text("# 第二章\n\n这里讲环形缓冲区，以及填充的数据。\n", encoding="utf-8")
+    proc = subprocess.run([i18n_tool.jupyter_book(), "build", str(book)], capture_output=True, text=True,
+                          timeout=300)
+    html = book / "_build" / "html"
+    assert proc.returncode == 0 and (html / "searchindex.js").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert chromium_search(html, "预填充", tmp_path / "p") == ["book/a.html"]  # not b's 填充
+    assert chromium_search(html, "解码步", tmp_path / "p") == ["book/a.html"]
+    assert chromium_search(html, "环形缓冲区", tmp_path / "p") == ["book/b.html"]
+
+
+@pytest.mark.slow
+def test_a_browser_search_for_each_course_term_finds_the_chapters_using_it(built_book, tmp_path):  # noqa: F811
+    require_tool("Chromium", ("chromium", "chromium-browser", "google-chrome"), "apt-get install -y chromium",
+                 need_all=False)
+    assert built_book.returncode == 0, built_book.log[-6000:]
+    zh = built_book.html / "zh"
+    texts = {p.relative_to(zh).as_posix(): "".join(read_page(p).article_text) for p in edition_pages(zh)}
+    for term in search_terms():
+        using = {page for page, text in texts.items() if term in text}
+        found = set(chromium_search(zh, term, tmp_path / "profile"))
+        assert using <= found, f"search for {term}: {sorted(using - found)} use it and are not listed"

@@ -32,6 +32,9 @@ LOCALE = ROOT / "book" / "locale"
 # The part captions of _toc.yml (not in any page, so not in the catalogs).
 TOC_CAPTIONS = {"Chapters": "章节", "Reference": "参考"}
 GETTEXT = {"gettext_compact": False, "gettext_uuid": False, "gettext_location": False}
+# The course's Chinese terms, one a line (jieba's user dictionary): Sphinx's Chinese search index cuts the text
+# into words with jieba, which without them splits 预填充 into 预 + 填充 and a search for the term finds nothing.
+SEARCH_TERMS = LOCALE / LANG / "search_terms.txt"
 
 sys.path.insert(0, str(HERE))
 import i18n_check  # noqa: E402
@@ -73,7 +76,8 @@ def chinese_config(cache: Path) -> dict:
     cfg["title"] = translated_title(cfg.get("title", ""))
     cfg.setdefault("execute", {})["execute_notebooks"] = "cache"
     cfg["execute"]["cache"] = str(cache.resolve())
-    cfg["sphinx"]["config"].update(language=LANG, locale_dirs=[str(LOCALE)], **GETTEXT)
+    cfg["sphinx"]["config"].update(language=LANG, locale_dirs=[str(LOCALE)], **GETTEXT,
+                                   html_search_options={"dict": str(SEARCH_TERMS)})
     return cfg
 
 
