@@ -106,6 +106,55 @@ def test_a_page_without_a_catalog_is_all_untranslated(tmp_path):
     assert kinds(problems) == [("untranslated", "A"), ("untranslated", "B")]
 
 
+# ---------------------------------------------------------------- one set of terms
+
+
+@pytest.mark.parametrize("text,where", [
+    ("本章讨论共享前缀缓存。", "messages"), ("GiB 即千兆字节", "messages"), ("{} 个汇聚 token", "labels"),
+    ("精确回忆", "labels"), ("症状", "labels"), ("尖峰", "labels"), ("tiny 模型", "labels"),
+    ("首 token 时间", "labels"), ("每步 nats/位", "messages"), ("正常（前缀缓存）", "labels"), ("已用内存", "labels"),
+    ("计算的行数少了 {glue:text}`r` 倍", "messages"), ("缓存缩小 $H / H_{kv}$ 倍", "messages"),
+    ("它的 首 token 延迟", "messages"), ("\\text{step time} = L \\times \\text{launch time}", "messages"),
+])
+def test_a_variant_a_space_or_english_display_math_is_refused(text, where):
+    assert i18n_check.term_problems(text, where, i18n_check.load_variants()), text
+
+
+@pytest.mark.parametrize("text,where", [
+    ("前缀缓存与注意力汇聚点", "messages"), ("首 token 延迟随提示词增长", "messages"),
+    ("主机内存中的缓存", "messages"),  # CPU memory is 内存 in prose; only the figures' memory is GPU memory
+    ("这是正常的", "messages"), ("快 {glue:text}`r` 倍", "messages"), ("只有 MHA 的 1/{glue:text}`r`", "messages"),
+    ("\\text{单步时间} = \\max(\\text{FLOPs} / F)", "messages"), ("头 $\\lfloor h / \\text{n\\_rep} \\rfloor$", "messages"),
+    ("\\text{第 } i \\text{ 块的 token}", "messages"), ("长提示时\n单步出现突刺", "labels"),
+])
+def test_the_glossary_terms_pass(text, where):
+    assert i18n_check.term_problems(text, where, i18n_check.load_variants()) == [], text
+
+
+def test_terms_are_checked_in_catalogs_and_figure_labels(tmp_path):
+    pot = write_catalog(tmp_path / "pot" / "book" / "p.pot", {"Prefix caching": "", "Healthy": ""})
+    write_catalog(tmp_path / "po" / "book" / "p.po", {"Prefix caching": "共享前缀缓存", "Healthy": "健康"})
+    (tmp_path / "figure_labels.yml").write_text('"healthy": "正常"\n"computed": "计算"\n', encoding="utf-8")
+    problems = i18n_check.check_tree(pot.parents[1], tmp_path / "po")
+    assert [(p.catalog, p.kind, p.source) for p in problems] == [
+        ("book/p.po", "terms", "Prefix caching"), ("figure_labels.yml", "terms", "healthy")]
+    assert "term_variants.yml" in i18n_check.report(problems)
+
+
+def test_real_catalogs_and_figure_labels_write_the_glossary_terms():
+    """The term part of `make i18n-check` on the real files (no extraction needed: quick)."""
+    variants = i18n_check.load_variants()
+    locale = ROOT / "book" / "locale" / "zh_CN"
+    problems = i18n_check.check_labels(locale / "figure_labels.yml", variants)
+    for po in sorted((locale / "LC_MESSAGES").rglob("*.po")):
+        problems += [i18n_check.Problem(po.name, "terms", m.id, d) for m in i18n_check.read_catalog(po)
+                     if m.id and isinstance(m.string, str) for d in i18n_check.term_problems(m.string, "messages",
+                                                                                              variants)]
+    assert not problems, "\n".join(map(str, problems))
+    # Chapter 1's with-cache panel labels its rows "computed": computed once, not recomputed (重新计算).
+    assert zh_figures.load_labels()["computed"] == "计算"
+
+
 # ---------------------------------------------------------------- the real tools on a tiny book
 
 
