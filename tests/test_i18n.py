@@ -8,6 +8,7 @@ build (tests/book_build.py), which holds both editions.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -153,6 +154,102 @@ def test_real_catalogs_and_figure_labels_write_the_glossary_terms():
     assert not problems, "\n".join(map(str, problems))
     # Chapter 1's with-cache panel labels its rows "computed": computed once, not recomputed (重新计算).
     assert zh_figures.load_labels()["computed"] == "计算"
+
+
+# ---------------------------------------------------------------- glued words in Chinese sentences
+
+GLUE_TEXT = re.compile(r"\{glue:text\}`([^`:]+)")  # {glue:text}`key` or {glue:text}`key:.1f`
+
+
+def read_glue(glue_json: Path) -> dict[str, str]:
+    """{key: text} of a page's glued values, from the `<page>.glue.json` that myst-nb writes next to the executed
+    notebook (_build/jupyter_execute): what `{glue:text}` shows (a string's repr without its quotes)."""
+    import ast
+    import json
+
+    out = {}
+    for key, output in json.loads(glue_json.read_text(encoding="utf-8")).items():
+        text = output.get("data", {}).get("text/plain", "")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        out[key] = value if isinstance(value, str) else text
+    return out
+
+
+def english_glue(messages: list[str], glue: dict[str, str]) -> list[str]:
+    """The glue keys that the Chinese `messages` show whose value has English words and no `_zh` twin."""
+    keys = {key for text in messages for key in GLUE_TEXT.findall(text)}
+    return sorted(k for k in keys if k in glue and k + "_zh" not in glue and zh_figures.needs_translation(glue[k]))
+
+
+def chinese_messages(page: str) -> list[str]:
+    po = ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES" / "book" / f"{page}.po"
+    return [m.string for m in i18n_check.read_catalog(po) if m.id and isinstance(m.string, str)]
+
+
+def test_english_glue_without_a_twin_is_found(tmp_path):
+    glue_json = tmp_path / "p.glue.json"
+    record = {"output_type": "display_data", "metadata": {"scrapbook": {"name": "", "mime_prefix": "x/"}}}
+    glue_json.write_text(json.dumps({k: {**record, "data": {"text/plain": v}} for k, v in {
+        "recall": "'10 of 24'", "n": "3", "size": "'4.2 GiB'",
+        "v": "'no measurable change (noise ±2 %)'", "v_zh": "'无可测变化（噪声 ±2 %）'"}.items()}), encoding="utf-8")
+    glue = read_glue(glue_json)
+    assert glue["recall"] == "10 of 24" and glue["n"] == "3"
+    messages = ["召回 {glue:text}`recall`，共 {glue:text}`n:.0f` 个，{glue:text}`size`", "困惑度 {glue:text}`v`"]
+    assert english_glue(messages, glue) == ["recall"]
+    assert english_glue(messages, {**glue, "recall_zh": "10 / 24"}) == []
+
+
+def glued_without_twin(page: Path) -> dict[str, str]:
+    """The glue_text(key, value) calls of a page's code that give no Chinese twin while their value's own
+    words are English ({key pattern: the value's literal text}; a key built by an f-string becomes a pattern)."""
+    import ast
+
+    import jupytext
+
+    code = "\n".join(c.source for c in jupytext.read(page).cells if c.cell_type == "code")
+    code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+    found = {}
+    for node in ast.walk(ast.parse(code)):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "glue_text"
+                and len(node.args) == 2 and not any(isinstance(a, ast.Starred) for a in node.args)):
+            continue
+        key, value = node.args
+        parts = value.values if isinstance(value, ast.JoinedStr) else [value]
+        words = " ".join(p.value for p in parts if isinstance(p, ast.Constant) and isinstance(p.value, str))
+        if zh_figures.needs_translation(words):
+            pattern = (re.escape(key.value) if isinstance(key, ast.Constant) else
+                       "".join(re.escape(p.value) if isinstance(p, ast.Constant) else r"\w+" for p in key.values))
+            found[pattern] = words
+    return found
+
+
+def test_no_chinese_message_shows_a_glued_english_literal():
+    """Quick and without a build: a page's glue_text with English words in its own text and no Chinese twin,
+    used by a Chinese message (the built-book test below reads the values themselves)."""
+    problems = []
+    for page in sorted((ROOT / "book").glob("[0-9][0-9]_*.md")):
+        keys = {k for text in chinese_messages(page.stem) for k in GLUE_TEXT.findall(text)}
+        for pattern, words in glued_without_twin(page).items():
+            problems += [f"{page.name}: {k} ({words!r})" for k in keys if re.fullmatch(pattern, k)]
+    assert not problems, "glued English in Chinese sentences: give glue_text a Chinese twin: " + "; ".join(problems)
+
+
+@pytest.mark.slow
+def test_chinese_messages_show_no_glued_english(built_book):  # noqa: F811
+    assert built_book.returncode == 0, built_book.log[-6000:]
+    executed = built_book.html.parent / "jupyter_execute" / "book"
+    problems = []
+    for glue_json in sorted(executed.glob("*.glue.json")):
+        page = glue_json.name.removesuffix(".glue.json")
+        glue = read_glue(glue_json)
+        problems += [f"{page}: {k} = {glue[k]!r}: no Chinese twin" for k in english_glue(chinese_messages(page), glue)]
+        # The Chinese twins write the glossary's terms too (e.g. nats/数字, not nats/位).
+        problems += [f"{page}: {k} = {v!r}: {d}" for k, v in glue.items() if k.endswith("_zh")
+                     for d in i18n_check.term_problems(v, "messages", i18n_check.load_variants())]
+    assert executed.is_dir() and not problems, "; ".join(problems)
 
 
 # ---------------------------------------------------------------- the real tools on a tiny book
