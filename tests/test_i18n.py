@@ -252,6 +252,40 @@ def test_chinese_messages_show_no_glued_english(built_book):  # noqa: F811
     assert executed.is_dir() and not problems, "; ".join(problems)
 
 
+# ---------------------------------------------------------------- catalogs clean for gettext's own tools
+
+
+def msgfmt_check(po: Path) -> str:
+    """`msgfmt -c` on a catalog: '' when it passes without a warning, else what it said."""
+    require_tool("gettext", ("msgfmt",), "apt-get install -y gettext")
+    proc = subprocess.run(["msgfmt", "-c", "-o", "/dev/null", str(po)], capture_output=True, text=True)
+    return "" if proc.returncode == 0 and not proc.stderr.strip() else proc.stderr.strip() or "failed"
+
+
+def test_tidy_catalog_makes_what_sphinx_intl_writes_pass_msgfmt(tmp_path):
+    import io
+
+    import i18n_tool
+
+    # What sphinx-intl (Babel) writes: placeholders in the header, python-format on "% of", brace format on glue.
+    po = write_catalog(tmp_path / "p.po", {"Half (50 % of it)": "一半（50 % 的它）", "{glue:text}`n` rows": "{glue:text}`n` 行"})
+    raw = po.read_text(encoding="utf-8")
+    assert "python-format" in raw and "FULL NAME" in raw and msgfmt_check(po), "Babel no longer writes these"
+    po.write_text(i18n_tool.tidy_catalog(raw), encoding="utf-8")
+    tidy = po.read_text(encoding="utf-8")
+    assert msgfmt_check(po) == "", tidy[:600]
+    assert "format" not in tidy and "#, fuzzy" not in tidy and "Last-Translator: The kvref course authors" in tidy
+    # The next `make i18n-update` reads and writes it with Babel again (which puts the flags back): same result.
+    again = io.BytesIO()
+    write_po(again, read_po(io.BytesIO(tidy.encode())), width=76)
+    assert i18n_tool.tidy_catalog(again.getvalue().decode()) == tidy
+
+
+def test_catalogs_pass_msgfmt_check():
+    bad = {po.name: msgfmt_check(po) for po in sorted((ROOT / "book" / "locale").rglob("*.po"))}
+    assert bad and not any(bad.values()), {k: v for k, v in bad.items() if v}
+
+
 # ---------------------------------------------------------------- the real tools on a tiny book
 
 
