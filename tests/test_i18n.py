@@ -286,6 +286,36 @@ def test_catalogs_pass_msgfmt_check():
     assert bad and not any(bad.values()), {k: v for k, v in bad.items() if v}
 
 
+# ---------------------------------------------------------------- the notebooks' headings in the Chinese text
+
+QUOTED_HEADING = re.compile(r"”（“([^”]+)”）")  # “中文标题”（“English heading”）
+
+
+def notebook_headings(notebook: Path) -> set[str]:
+    """A notebook's markdown headings as a reader finds them, without `#`, backticks and math dollars."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    lines = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    return {re.sub(r"[`$]", "", line.lstrip("#").strip()) for text in lines for line in text.splitlines()
+            if line.startswith("#")}
+
+
+def test_in_the_notebook_messages_quote_the_english_headings():
+    """The notebooks stay English: where a Chinese "In the notebook" paragraph names their sections, it quotes each
+    English heading beside its translation, so a reader finds it; each quoted heading is one of the notebook's."""
+    pages = 0
+    for po in sorted((ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES" / "book").glob("[0-9][0-9]_*.po")):
+        listing = [t for t in chinese_messages(po.stem) if "练习依次是" in t]
+        if not listing:
+            continue
+        pages += 1
+        quoted = [q for t in listing for q in QUOTED_HEADING.findall(t)]
+        headings = notebook_headings(ROOT / "notebooks" / f"{po.stem}.ipynb")
+        assert len(quoted) >= 3, f"{po.name}: the notebook's sections are named without their English headings"
+        missing = [q for q in quoted if q not in headings]
+        assert not missing, f"{po.name}: quoted headings not in notebooks/{po.stem}.ipynb: {missing}"
+    assert pages >= 9, pages
+
+
 # ---------------------------------------------------------------- the real tools on a tiny book
 
 
