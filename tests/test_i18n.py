@@ -504,6 +504,53 @@ def test_chromium_finds_a_chinese_font():
     assert fc.stdout.strip(), "fontconfig knows no Chinese font: Chinese pages would show empty boxes"
 
 
+# ---------------------------------------------------------------- figure alt texts
+
+
+def page_alt_texts() -> list[str]:
+    """The `:alt:` texts of the book's pages (one line each), in page order."""
+    return [line.removeprefix(":alt: ") for page in sorted((ROOT / "book").glob("*.md"))
+            for line in page.read_text(encoding="utf-8").splitlines() if line.startswith(":alt: ")]
+
+
+def test_every_figure_alt_text_has_a_chinese_translation():
+    alts, zh = page_alt_texts(), lang_switch.load_alt_texts()
+    assert len(alts) >= 35
+    missing = [a for a in alts if a not in zh]
+    assert not missing, f"alt texts with no entry in {lang_switch.ALT_TEXTS.name}: {missing}"
+    stale = sorted(set(zh) - set(alts))
+    assert not stale, f"entries of {lang_switch.ALT_TEXTS.name} that no page has any more: {stale}"
+    variants = i18n_check.load_variants()
+    for en, text in zh.items():
+        assert len(CJK.findall(text)) > len(text) / 3, f"not translated: {en!r}"
+        assert not i18n_check.term_problems(text, "labels", variants), (text, i18n_check.term_problems(
+            text, "labels", variants))
+
+
+def test_the_chinese_build_swaps_alt_texts_and_names_a_missing_one():
+    from docutils import nodes
+    from docutils.utils import new_document
+
+    doc = new_document("page")
+    doc += nodes.figure("", nodes.image(uri="a.png", alt="A bar chart"))
+    doc += nodes.image(uri="b.png", alt="A new line chart")
+    doc += nodes.image(uri="c.png")  # no alt text: nothing to translate
+    missing = lang_switch.chinese_alt_texts(doc, {"A bar chart": "一张条形图"})
+    assert [i.get("alt") for i in doc.findall(nodes.image)] == ["一张条形图", "A new line chart", None]
+    assert missing == ["A new line chart"]
+
+
+@pytest.mark.slow
+def test_chinese_pages_have_chinese_alt_texts(built_book):  # noqa: F811
+    assert built_book.returncode == 0, built_book.log[-6000:]
+    english = []
+    for page in sorted((built_book.html / "zh" / "book").glob("*.html")):
+        for alt in re.findall(r'<img [^>]*alt="([^"]+)"', page.read_text(encoding="utf-8")):
+            if not CJK.search(alt):
+                english.append(f"{page.name}: {alt[:80]}")
+    assert not english, english
+
+
 # ---------------------------------------------------------------- the language switch
 
 
@@ -699,7 +746,7 @@ def test_a_browser_search_for_each_course_term_finds_the_chapters_using_it(built
                  need_all=False)
     assert built_book.returncode == 0, built_book.log[-6000:]
     zh = built_book.html / "zh"
-    texts = {p.relative_to(zh).as_posix(): "".join(read_page(p).article_text) for p in edition_pages(zh)}
+    texts = {p.relative_to(zh).as_posix(): "".join(read_page(p).article_text) for p in sorted(zh.glob("book/*.html"))}
     for term in search_terms():
         using = {page for page, text in texts.items() if term in text}
         found = set(chromium_search(zh, term, tmp_path / "profile"))
