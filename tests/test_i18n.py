@@ -8,12 +8,14 @@ build (tests/book_build.py), which holds both editions.
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 from babel.messages.catalog import Catalog
@@ -103,6 +105,215 @@ def test_a_page_without_a_catalog_is_all_untranslated(tmp_path):
     (tmp_path / "po").mkdir()
     problems = i18n_check.check_tree(tmp_path / "pot", tmp_path / "po")
     assert kinds(problems) == [("untranslated", "A"), ("untranslated", "B")]
+
+
+# ---------------------------------------------------------------- one set of terms
+
+
+@pytest.mark.parametrize("text,where", [
+    ("本章讨论共享前缀缓存。", "messages"), ("GiB 即千兆字节", "messages"), ("{} 个汇聚 token", "labels"),
+    ("精确回忆", "labels"), ("症状", "labels"), ("尖峰", "labels"), ("tiny 模型", "labels"),
+    ("首 token 时间", "labels"), ("每步 nats/位", "messages"), ("正常（前缀缓存）", "labels"), ("已用内存", "labels"),
+    ("计算的行数少了 {glue:text}`r` 倍", "messages"), ("缓存缩小 $H / H_{kv}$ 倍", "messages"),
+    ("它的 首 token 延迟", "messages"), ("\\text{step time} = L \\times \\text{launch time}", "messages"),
+])
+def test_a_variant_a_space_or_english_display_math_is_refused(text, where):
+    assert i18n_check.term_problems(text, where, i18n_check.load_variants()), text
+
+
+@pytest.mark.parametrize("text,where", [
+    ("前缀缓存与注意力汇聚点", "messages"), ("首 token 延迟随提示词增长", "messages"),
+    ("主机内存中的缓存", "messages"),  # CPU memory is 内存 in prose; only the figures' memory is GPU memory
+    ("这是正常的", "messages"), ("快 {glue:text}`r` 倍", "messages"), ("只有 MHA 的 1/{glue:text}`r`", "messages"),
+    ("\\text{单步时间} = \\max(\\text{FLOPs} / F)", "messages"), ("头 $\\lfloor h / \\text{n\\_rep} \\rfloor$", "messages"),
+    ("\\text{第 } i \\text{ 块的 token}", "messages"), ("长提示时\n单步出现突刺", "labels"),
+])
+def test_the_glossary_terms_pass(text, where):
+    assert i18n_check.term_problems(text, where, i18n_check.load_variants()) == [], text
+
+
+def test_terms_are_checked_in_catalogs_and_figure_labels(tmp_path):
+    pot = write_catalog(tmp_path / "pot" / "book" / "p.pot", {"Prefix caching": "", "Healthy": ""})
+    write_catalog(tmp_path / "po" / "book" / "p.po", {"Prefix caching": "共享前缀缓存", "Healthy": "健康"})
+    (tmp_path / "figure_labels.yml").write_text('"healthy": "正常"\n"computed": "计算"\n', encoding="utf-8")
+    problems = i18n_check.check_tree(pot.parents[1], tmp_path / "po")
+    assert [(p.catalog, p.kind, p.source) for p in problems] == [
+        ("book/p.po", "terms", "Prefix caching"), ("figure_labels.yml", "terms", "healthy")]
+    assert "term_variants.yml" in i18n_check.report(problems)
+
+
+def test_real_catalogs_and_figure_labels_write_the_glossary_terms():
+    """The term part of `make i18n-check` on the real files (no extraction needed: quick)."""
+    variants = i18n_check.load_variants()
+    locale = ROOT / "book" / "locale" / "zh_CN"
+    problems = i18n_check.check_labels(locale / "figure_labels.yml", variants)
+    for po in sorted((locale / "LC_MESSAGES").rglob("*.po")):
+        problems += [i18n_check.Problem(po.name, "terms", m.id, d) for m in i18n_check.read_catalog(po)
+                     if m.id and isinstance(m.string, str) for d in i18n_check.term_problems(m.string, "messages",
+                                                                                              variants)]
+    assert not problems, "\n".join(map(str, problems))
+    # Chapter 1's with-cache panel labels its rows "computed": computed once, not recomputed (重新计算).
+    assert zh_figures.load_labels()["computed"] == "计算"
+
+
+# ---------------------------------------------------------------- glued words in Chinese sentences
+
+GLUE_TEXT = re.compile(r"\{glue:text\}`([^`:]+)")  # {glue:text}`key` or {glue:text}`key:.1f`
+
+
+def read_glue(glue_json: Path) -> dict[str, str]:
+    """{key: text} of a page's glued values, from the `<page>.glue.json` that myst-nb writes next to the executed
+    notebook (_build/jupyter_execute): what `{glue:text}` shows (a string's repr without its quotes)."""
+    import ast
+    import json
+
+    out = {}
+    for key, output in json.loads(glue_json.read_text(encoding="utf-8")).items():
+        text = output.get("data", {}).get("text/plain", "")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        out[key] = value if isinstance(value, str) else text
+    return out
+
+
+def english_glue(messages: list[str], glue: dict[str, str]) -> list[str]:
+    """The glue keys that the Chinese `messages` show whose value has English words and no `_zh` twin."""
+    keys = {key for text in messages for key in GLUE_TEXT.findall(text)}
+    return sorted(k for k in keys if k in glue and k + "_zh" not in glue and zh_figures.needs_translation(glue[k]))
+
+
+def chinese_messages(page: str) -> list[str]:
+    po = ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES" / "book" / f"{page}.po"
+    return [m.string for m in i18n_check.read_catalog(po) if m.id and isinstance(m.string, str)]
+
+
+def test_english_glue_without_a_twin_is_found(tmp_path):
+    glue_json = tmp_path / "p.glue.json"
+    record = {"output_type": "display_data", "metadata": {"scrapbook": {"name": "", "mime_prefix": "x/"}}}
+    glue_json.write_text(json.dumps({k: {**record, "data": {"text/plain": v}} for k, v in {
+        "recall": "'10 of 24'", "n": "3", "size": "'4.2 GiB'",
+        "v": "'no measurable change (noise ±2 %)'", "v_zh": "'无可测变化（噪声 ±2 %）'"}.items()}), encoding="utf-8")
+    glue = read_glue(glue_json)
+    assert glue["recall"] == "10 of 24" and glue["n"] == "3"
+    messages = ["召回 {glue:text}`recall`，共 {glue:text}`n:.0f` 个，{glue:text}`size`", "困惑度 {glue:text}`v`"]
+    assert english_glue(messages, glue) == ["recall"]
+    assert english_glue(messages, {**glue, "recall_zh": "10 / 24"}) == []
+
+
+def glued_without_twin(page: Path) -> dict[str, str]:
+    """The glue_text(key, value) calls of a page's code that give no Chinese twin while their value's own
+    words are English ({key pattern: the value's literal text}; a key built by an f-string becomes a pattern)."""
+    import ast
+
+    import jupytext
+
+    code = "\n".join(c.source for c in jupytext.read(page).cells if c.cell_type == "code")
+    code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+    found = {}
+    for node in ast.walk(ast.parse(code)):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "glue_text"
+                and len(node.args) == 2 and not any(isinstance(a, ast.Starred) for a in node.args)):
+            continue
+        key, value = node.args
+        parts = value.values if isinstance(value, ast.JoinedStr) else [value]
+        words = " ".join(p.value for p in parts if isinstance(p, ast.Constant) and isinstance(p.value, str))
+        if zh_figures.needs_translation(words):
+            pattern = (re.escape(key.value) if isinstance(key, ast.Constant) else
+                       "".join(re.escape(p.value) if isinstance(p, ast.Constant) else r"\w+" for p in key.values))
+            found[pattern] = words
+    return found
+
+
+def test_no_chinese_message_shows_a_glued_english_literal():
+    """Quick and without a build: a page's glue_text with English words in its own text and no Chinese twin,
+    used by a Chinese message (the built-book test below reads the values themselves)."""
+    problems = []
+    for page in sorted((ROOT / "book").glob("[0-9][0-9]_*.md")):
+        keys = {k for text in chinese_messages(page.stem) for k in GLUE_TEXT.findall(text)}
+        for pattern, words in glued_without_twin(page).items():
+            problems += [f"{page.name}: {k} ({words!r})" for k in keys if re.fullmatch(pattern, k)]
+    assert not problems, "glued English in Chinese sentences: give glue_text a Chinese twin: " + "; ".join(problems)
+
+
+@pytest.mark.slow
+def test_chinese_messages_show_no_glued_english(built_book):  # noqa: F811
+    assert built_book.returncode == 0, built_book.log[-6000:]
+    executed = built_book.html.parent / "jupyter_execute" / "book"
+    problems = []
+    for glue_json in sorted(executed.glob("*.glue.json")):
+        page = glue_json.name.removesuffix(".glue.json")
+        glue = read_glue(glue_json)
+        problems += [f"{page}: {k} = {glue[k]!r}: no Chinese twin" for k in english_glue(chinese_messages(page), glue)]
+        # The Chinese twins write the glossary's terms too (e.g. nats/数字, not nats/位).
+        problems += [f"{page}: {k} = {v!r}: {d}" for k, v in glue.items() if k.endswith("_zh")
+                     for d in i18n_check.term_problems(v, "messages", i18n_check.load_variants())]
+    assert executed.is_dir() and not problems, "; ".join(problems)
+
+
+# ---------------------------------------------------------------- catalogs clean for gettext's own tools
+
+
+def msgfmt_check(po: Path) -> str:
+    """`msgfmt -c` on a catalog: '' when it passes without a warning, else what it said."""
+    require_tool("gettext", ("msgfmt",), "apt-get install -y gettext")
+    proc = subprocess.run(["msgfmt", "-c", "-o", "/dev/null", str(po)], capture_output=True, text=True)
+    return "" if proc.returncode == 0 and not proc.stderr.strip() else proc.stderr.strip() or "failed"
+
+
+def test_tidy_catalog_makes_what_sphinx_intl_writes_pass_msgfmt(tmp_path):
+    import io
+
+    import i18n_tool
+
+    # What sphinx-intl (Babel) writes: placeholders in the header, python-format on "% of", brace format on glue.
+    po = write_catalog(tmp_path / "p.po", {"Half (50 % of it)": "一半（50 % 的它）", "{glue:text}`n` rows": "{glue:text}`n` 行"})
+    raw = po.read_text(encoding="utf-8")
+    assert "python-format" in raw and "FULL NAME" in raw and msgfmt_check(po), "Babel no longer writes these"
+    po.write_text(i18n_tool.tidy_catalog(raw), encoding="utf-8")
+    tidy = po.read_text(encoding="utf-8")
+    assert msgfmt_check(po) == "", tidy[:600]
+    assert "format" not in tidy and "#, fuzzy" not in tidy and "Last-Translator: The kvref course authors" in tidy
+    # The next `make i18n-update` reads and writes it with Babel again (which puts the flags back): same result.
+    again = io.BytesIO()
+    write_po(again, read_po(io.BytesIO(tidy.encode())), width=76)
+    assert i18n_tool.tidy_catalog(again.getvalue().decode()) == tidy
+
+
+def test_catalogs_pass_msgfmt_check():
+    bad = {po.name: msgfmt_check(po) for po in sorted((ROOT / "book" / "locale").rglob("*.po"))}
+    assert bad and not any(bad.values()), {k: v for k, v in bad.items() if v}
+
+
+# ---------------------------------------------------------------- the notebooks' headings in the Chinese text
+
+QUOTED_HEADING = re.compile(r"”（“([^”]+)”）")  # “中文标题”（“English heading”）
+
+
+def notebook_headings(notebook: Path) -> set[str]:
+    """A notebook's markdown headings as a reader finds them, without `#`, backticks and math dollars."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    lines = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    return {re.sub(r"[`$]", "", line.lstrip("#").strip()) for text in lines for line in text.splitlines()
+            if line.startswith("#")}
+
+
+def test_in_the_notebook_messages_quote_the_english_headings():
+    """The notebooks stay English: where a Chinese "In the notebook" paragraph names their sections, it quotes each
+    English heading beside its translation, so a reader finds it; each quoted heading is one of the notebook's."""
+    pages = 0
+    for po in sorted((ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES" / "book").glob("[0-9][0-9]_*.po")):
+        listing = [t for t in chinese_messages(po.stem) if "练习依次是" in t]
+        if not listing:
+            continue
+        pages += 1
+        quoted = [q for t in listing for q in QUOTED_HEADING.findall(t)]
+        headings = notebook_headings(ROOT / "notebooks" / f"{po.stem}.ipynb")
+        assert len(quoted) >= 3, f"{po.name}: the notebook's sections are named without their English headings"
+        missing = [q for q in quoted if q not in headings]
+        assert not missing, f"{po.name}: quoted headings not in notebooks/{po.stem}.ipynb: {missing}"
+    assert pages >= 9, pages
 
 
 # ---------------------------------------------------------------- the real tools on a tiny book
@@ -293,6 +504,53 @@ def test_chromium_finds_a_chinese_font():
     assert fc.stdout.strip(), "fontconfig knows no Chinese font: Chinese pages would show empty boxes"
 
 
+# ---------------------------------------------------------------- figure alt texts
+
+
+def page_alt_texts() -> list[str]:
+    """The `:alt:` texts of the book's pages (one line each), in page order."""
+    return [line.removeprefix(":alt: ") for page in sorted((ROOT / "book").glob("*.md"))
+            for line in page.read_text(encoding="utf-8").splitlines() if line.startswith(":alt: ")]
+
+
+def test_every_figure_alt_text_has_a_chinese_translation():
+    alts, zh = page_alt_texts(), lang_switch.load_alt_texts()
+    assert len(alts) >= 35
+    missing = [a for a in alts if a not in zh]
+    assert not missing, f"alt texts with no entry in {lang_switch.ALT_TEXTS.name}: {missing}"
+    stale = sorted(set(zh) - set(alts))
+    assert not stale, f"entries of {lang_switch.ALT_TEXTS.name} that no page has any more: {stale}"
+    variants = i18n_check.load_variants()
+    for en, text in zh.items():
+        assert len(CJK.findall(text)) > len(text) / 3, f"not translated: {en!r}"
+        assert not i18n_check.term_problems(text, "labels", variants), (text, i18n_check.term_problems(
+            text, "labels", variants))
+
+
+def test_the_chinese_build_swaps_alt_texts_and_names_a_missing_one():
+    from docutils import nodes
+    from docutils.utils import new_document
+
+    doc = new_document("page")
+    doc += nodes.figure("", nodes.image(uri="a.png", alt="A bar chart"))
+    doc += nodes.image(uri="b.png", alt="A new line chart")
+    doc += nodes.image(uri="c.png")  # no alt text: nothing to translate
+    missing = lang_switch.chinese_alt_texts(doc, {"A bar chart": "一张条形图"})
+    assert [i.get("alt") for i in doc.findall(nodes.image)] == ["一张条形图", "A new line chart", None]
+    assert missing == ["A new line chart"]
+
+
+@pytest.mark.slow
+def test_chinese_pages_have_chinese_alt_texts(built_book):  # noqa: F811
+    assert built_book.returncode == 0, built_book.log[-6000:]
+    english = []
+    for page in sorted((built_book.html / "zh" / "book").glob("*.html")):
+        for alt in re.findall(r'<img [^>]*alt="([^"]+)"', page.read_text(encoding="utf-8")):
+            if not CJK.search(alt):
+                english.append(f"{page.name}: {alt[:80]}")
+    assert not english, english
+
+
 # ---------------------------------------------------------------- the language switch
 
 
@@ -397,3 +655,99 @@ def test_chinese_build_config_names_its_catalogs_and_the_shared_cache(tmp_path):
     assert CJK.search(cfg["title"]), f"the Chinese edition's title is {cfg['title']!r}"
     captions = [part["caption"] for part in i18n_tool.chinese_toc()["parts"]]
     assert captions and all(CJK.search(c) for c in captions), captions
+
+
+# ---------------------------------------------------------------- search in the Chinese edition
+
+
+def glossary_terms() -> list[str]:
+    """The glossary's Chinese terms written in Chinese characters only (book/glossary.md: each entry's second
+    line), without the English in brackets and the dagger; "分组大小与残差窗口" gives two terms."""
+    text = (ROOT / "book" / "glossary.md").read_text(encoding="utf-8")
+    terms = []
+    for block in re.findall(r"```\{glossary\}\n(.*?)```", text, re.S):
+        lines = [line for line in block.splitlines() if line and not line.startswith(" ")]
+        for zh in lines[1::2]:
+            zh = re.sub(r"（[^）]*）|†", "", zh).strip()
+            terms += [t for t in zh.split("与") if len(t) >= 2 and all(CJK.match(c) for c in t)]
+    return terms
+
+
+def search_terms() -> list[str]:
+    import i18n_tool
+
+    return i18n_tool.SEARCH_TERMS.read_text(encoding="utf-8").split()
+
+
+def test_chinese_build_indexes_the_course_terms_for_search(tmp_path):
+    import i18n_tool
+
+    cfg = i18n_tool.chinese_config(tmp_path / "cache")
+    assert cfg["sphinx"]["config"]["html_search_options"] == {"dict": str(i18n_tool.SEARCH_TERMS)}
+    terms = search_terms()
+    missing = sorted(set(glossary_terms()) - set(terms))
+    assert not missing, f"glossary terms missing from {i18n_tool.SEARCH_TERMS.name}: {missing}"
+    for t in ["预填充", "解码步", "前缀缓存", "注意力汇聚点", "显存碎片", "块表", "滑动窗口", "环形缓冲区"]:
+        assert t in terms, t
+
+
+def test_jieba_keeps_each_course_term_one_word():
+    jieba = pytest.importorskip("jieba")  # pinned in requirements.txt: Sphinx's Chinese search needs it
+    import i18n_tool
+
+    plain, course = jieba.Tokenizer(), jieba.Tokenizer()
+    course.load_userdict(str(i18n_tool.SEARCH_TERMS))
+    split = [t for t in search_terms() if list(plain.cut(t)) != [t]]
+    assert "预填充" in split  # what the index held before: the test would notice the dictionary missing
+    for term in search_terms():
+        assert list(course.cut(term)) == [term], term
+        # Sphinx indexes the words of cut_for_search: the term itself must be one of them inside a sentence.
+        assert term in course.cut_for_search(f"我们看{term}的时候发现问题"), term
+
+
+def chromium_search(html: Path, term: str, profile: Path) -> list[str]:
+    """The pages (relative to `html`) that the built search page lists for `term`, in headless Chromium."""
+    chromium = next(shutil.which(c) for c in ("chromium", "chromium-browser", "google-chrome") if shutil.which(c))
+    url = (html / "search.html").as_uri() + "?q=" + quote(term)
+    proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                           f"--user-data-dir={profile}", "--dump-dom", url],
+                          capture_output=True, text=True, timeout=120, env=zh_figures.offline_js.chromium_env())
+    results = re.search(r'<ul class="search">(.*?)</ul>', proc.stdout, re.S)
+    assert proc.returncode == 0 and "search" in proc.stdout, proc.stderr[-2000:]
+    return sorted(set(re.findall(r'<a href="([^"#?]+)', results.group(1)))) if results else []
+
+
+def test_a_browser_search_finds_chinese_terms_on_a_tiny_chinese_book(tmp_path):
+    require_tool("Chromium", ("chromium", "chromium-browser", "google-chrome"), "apt-get install -y chromium",
+                 need_all=False)
+    pytest.importorskip("jieba")
+    import i18n_tool
+
+    book = tmp_path / "tiny"
+    (book / "book").mkdir(parents=True)
+    (book / "_config.yml").write_text(TINY_CONFIG + "sphinx:\n  config:\n    language: zh_CN\n"
+                                      f"    html_search_options:\n      dict: {i18n_tool.SEARCH_TERMS}\n")
+    (book / "_toc.yml").write_text(TINY_TOC + "chapters:\n- file: book/a\n- file: book/b\n")
+    (book / "book" / "intro.md").write_text("# 首页\n\n这是一本小书。\n", encoding="utf-8")
+    (book / "book" / "a.md").write_text("# 第一章\n\n请求先经过预填充，再进入解码步。\n", encoding="utf-8")
+    (book / "book" / "b.md").write_text("# 第二章\n\n这里讲环形缓冲区，以及填充的数据。\n", encoding="utf-8")
+    proc = subprocess.run([i18n_tool.jupyter_book(), "build", str(book)], capture_output=True, text=True,
+                          timeout=300)
+    html = book / "_build" / "html"
+    assert proc.returncode == 0 and (html / "searchindex.js").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert chromium_search(html, "预填充", tmp_path / "p") == ["book/a.html"]  # not b's 填充
+    assert chromium_search(html, "解码步", tmp_path / "p") == ["book/a.html"]
+    assert chromium_search(html, "环形缓冲区", tmp_path / "p") == ["book/b.html"]
+
+
+@pytest.mark.slow
+def test_a_browser_search_for_each_course_term_finds_the_chapters_using_it(built_book, tmp_path):  # noqa: F811
+    require_tool("Chromium", ("chromium", "chromium-browser", "google-chrome"), "apt-get install -y chromium",
+                 need_all=False)
+    assert built_book.returncode == 0, built_book.log[-6000:]
+    zh = built_book.html / "zh"
+    texts = {p.relative_to(zh).as_posix(): "".join(read_page(p).article_text) for p in sorted(zh.glob("book/*.html"))}
+    for term in search_terms():
+        using = {page for page, text in texts.items() if term in text}
+        found = set(chromium_search(zh, term, tmp_path / "profile"))
+        assert using <= found, f"search for {term}: {sorted(using - found)} use it and are not listed"

@@ -10,7 +10,10 @@ with the catalogs in book/locale/zh_CN/LC_MESSAGES (*.po). A problem is:
 - stale: a translated message whose English text is gone from the sources (`make i18n-update` marks it obsolete);
 - markup: the translation drops, adds or alters a glue role, a math span, a code span, a link target, a role's
   target or a footnote reference of its source. `{ref}`title <target>`` may translate its title, never
-  its target; `{glue:text}`key`` and `{doc}`05_paging`` must stay exactly as they are.
+  its target; `{glue:text}`key`` and `{doc}`05_paging`` must stay exactly as they are;
+- terms: a translation or a figure label (figure_labels.yml) writes a variant that term_variants.yml lists
+  instead of the glossary's term, puts a space between two Chinese characters, or keeps English words in the
+  `\text{}` of display math.
 
 Run by `make i18n-check` through book/_ext/i18n_tool.py; tests in tests/test_i18n.py.
 """
@@ -22,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from babel.messages.pofile import read_po
 
 ROLE = re.compile(r"\{([A-Za-z][\w:.+-]*)\}(`+)(.+?)\2")  # {glue:text}`x`, {ref}`title <target>`
@@ -30,12 +34,17 @@ CODE = re.compile(r"(`+)(.+?)\1")  # `code`, ``code``
 LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")  # [text](target "title"): the target
 AUTOLINK = re.compile(r"<((?:https?|mailto|ftp):[^>\s]+)>")  # <https://...>
 FOOTNOTE = re.compile(r"\[\^([^\]\s]+)\]")  # [^1]
+VARIANTS = Path(__file__).resolve().parents[1] / "locale" / "zh_CN" / "term_variants.yml"
+CJK = re.compile(r"[\u4e00-\u9fff]")
+CJK_SPACE = re.compile(r"[\u4e00-\u9fff] +[\u4e00-\u9fff]")  # "它的 首" (Chinese sets no spaces between words)
+TEXT = re.compile(r"\\text\{([^{}]*)\}")  # \text{step time}
+MATH_WORDS = {"FLOPs", "hash"}  # words that stay English in a formula of either edition
 
 
 @dataclass(frozen=True)
 class Problem:
     catalog: str  # e.g. book/03_memory.po
-    kind: str  # untranslated | fuzzy | stale | markup
+    kind: str  # untranslated | fuzzy | stale | markup | terms
     source: str  # the English message
     detail: str = ""
 
@@ -84,6 +93,42 @@ def markup_difference(source: str, translation: str) -> str:
     return "; ".join(parts)
 
 
+def load_variants(path: Path = VARIANTS) -> list[dict]:
+    """The entries of term_variants.yml, each with its `variant` compiled (none when the file is missing)."""
+    entries = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else []
+    return [{**e, "re": re.compile(e["variant"])} for e in entries or []]
+
+
+def term_problems(text: str, where: str, variants: list[dict]) -> list[str]:
+    """What is wrong with the words of one Chinese `text` (a message if `where` is "messages", else a figure
+    label): listed variants, a space between two Chinese characters, English `\\text{}` words in display math."""
+    out = []
+    for v in variants:
+        m = v["re"].search(text)
+        if m and v.get("in", where) == where:
+            out.append(f"writes {m.group(0)!r}: use {v['use']}")
+    out += [f"space between Chinese characters: {m.group(0)!r}" for m in CJK_SPACE.finditer(text)]
+    if where == "messages":  # inline $...$ is markup and stays as in the English source; display math is not
+        english = {m.group(0) for m in TEXT.finditer(MATH.sub(" ", text)) if _english(m.group(1))}
+        if english:
+            out.append(f"display math keeps English words: {', '.join(sorted(english))}")
+    return out
+
+
+def _english(words: str) -> bool:
+    """True when `words` (a `\\text{}` of math) are English: no Chinese, a word of two or more letters with a
+    lowercase one (FLOPs and hash stay as they are)."""
+    return not CJK.search(words) and any(len(w) > 1 and re.search("[a-z]", w) and w not in MATH_WORDS
+                                         for w in re.findall(r"[A-Za-z]+", words))
+
+
+def check_labels(path: Path, variants: list[dict]) -> list[Problem]:
+    """The Chinese figure labels' words (figure_labels.yml: "English": "中文")."""
+    labels = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return [Problem(path.name, "terms", en, detail) for en, zh in (labels or {}).items()
+            for detail in term_problems(zh, "labels", variants)]
+
+
 def _text(value) -> str:
     return value if isinstance(value, str) else (value[0] if value else "")
 
@@ -93,8 +138,9 @@ def read_catalog(path: Path):
         return read_po(f)
 
 
-def check_catalog(pot: Path | None, po: Path | None, name: str) -> list[Problem]:
+def check_catalog(pot: Path | None, po: Path | None, name: str, variants: list[dict] | None = None) -> list[Problem]:
     """Problems of one catalog `po` against its template `pot` (either may be None: missing)."""
+    variants = load_variants() if variants is None else variants
     sources = [_text(m.id) for m in read_catalog(pot) if m.id] if pot else []
     entries = {_text(m.id): m for m in read_catalog(po) if m.id} if po else {}
     problems = []
@@ -119,6 +165,7 @@ def check_catalog(pot: Path | None, po: Path | None, name: str) -> list[Problem]
             diff = markup_difference(src, dst)
             if diff:
                 problems.append(Problem(name, "markup", src, diff))
+            problems += [Problem(name, "terms", src, d) for d in term_problems(dst, "messages", variants)]
     return problems
 
 
@@ -126,10 +173,11 @@ def check_tree(pot_dir: Path, po_dir: Path) -> list[Problem]:
     """Every template under `pot_dir` against the catalog of the same relative path under `po_dir`."""
     pots = {p.relative_to(pot_dir).with_suffix(".po").as_posix(): p for p in sorted(pot_dir.rglob("*.pot"))}
     pos = {p.relative_to(po_dir).as_posix(): p for p in sorted(po_dir.rglob("*.po"))} if po_dir.is_dir() else {}
+    variants = load_variants()
     problems = []
     for name in sorted(set(pots) | set(pos)):
-        problems += check_catalog(pots.get(name), pos.get(name), name)
-    return problems
+        problems += check_catalog(pots.get(name), pos.get(name), name, variants)
+    return problems + check_labels(po_dir.parent / "figure_labels.yml", variants)
 
 
 def report(problems: list[Problem]) -> str:
@@ -140,4 +188,7 @@ def report(problems: list[Problem]) -> str:
     summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
     lines.append(f"i18n check failed: {summary}. Translate these messages in book/locale/zh_CN/LC_MESSAGES/ "
                  "(README: 'Updating the Chinese edition').")
+    if counts["terms"]:
+        lines.append("terms: write the glossary's term (book/glossary.md); book/locale/zh_CN/term_variants.yml "
+                     "lists the variants the check refuses.")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,9 @@ LOCALE = ROOT / "book" / "locale"
 # The part captions of _toc.yml (not in any page, so not in the catalogs).
 TOC_CAPTIONS = {"Chapters": "章节", "Reference": "参考"}
 GETTEXT = {"gettext_compact": False, "gettext_uuid": False, "gettext_location": False}
+# The course's Chinese terms, one a line (jieba's user dictionary): Sphinx's Chinese search index cuts the text
+# into words with jieba, which without them splits 预填充 into 预 + 填充 and a search for the term finds nothing.
+SEARCH_TERMS = LOCALE / LANG / "search_terms.txt"
 
 sys.path.insert(0, str(HERE))
 import i18n_check  # noqa: E402
@@ -73,7 +77,8 @@ def chinese_config(cache: Path) -> dict:
     cfg["title"] = translated_title(cfg.get("title", ""))
     cfg.setdefault("execute", {})["execute_notebooks"] = "cache"
     cfg["execute"]["cache"] = str(cache.resolve())
-    cfg["sphinx"]["config"].update(language=LANG, locale_dirs=[str(LOCALE)], **GETTEXT)
+    cfg["sphinx"]["config"].update(language=LANG, locale_dirs=[str(LOCALE)], **GETTEXT,
+                                   html_search_options={"dict": str(SEARCH_TERMS)})
     return cfg
 
 
@@ -131,6 +136,40 @@ def update(pots: Path, locale: Path = LOCALE) -> None:
     exe = Path(sys.executable).parent / "sphinx-intl"
     cmd = [str(exe) if exe.exists() else "sphinx-intl", "update", "-p", str(pots), "-l", LANG, "-d", str(locale)]
     subprocess.run(cmd, check=True)
+    for po in sorted((locale / LANG / "LC_MESSAGES").rglob("*.po")):
+        po.write_text(tidy_catalog(po.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+# What sphinx-intl (Babel) writes into a new catalog's header as placeholders, and what this course writes instead.
+HEADER_COMMENT = ("# Chinese (zh_CN) text of one page of the book\n# \"The KV Cache, Built and Measured\".\n"
+                  "# Merged by `make i18n-update`; README: \"Updating the Chinese edition\".\n")
+HEADER_FIELDS = {"Project-Id-Version": "The KV Cache, Built and Measured",
+                 "Last-Translator": "The kvref course authors", "Language-Team": "Chinese (zh_CN)"}
+FORMAT_FLAGS = {"python-format", "python-brace-format"}
+
+
+def tidy_catalog(text: str) -> str:
+    """A catalog as sphinx-intl wrote it, made clean for `msgfmt -c`: Babel flags every message holding
+    "% of" or "{...}" as a Python format string (none of the book's messages is one, and "50 % of" then fails
+    the check), and leaves placeholders in the header (no title, FULL NAME <EMAIL@ADDRESS>, YEAR-MO-DA)."""
+    head, sep, body = text.partition('msgid ""\nmsgstr ""\n')
+    if sep and not head.startswith(HEADER_COMMENT):
+        head = HEADER_COMMENT + "".join(line + "\n" for line in head.splitlines() if line.startswith("#,"))
+    head = head.replace("#, fuzzy\n", "")  # the header is filled in: not a draft
+    fields, _, rest = body.partition("\n\n")
+    created = re.search(r"POT-Creation-Date: ([^\\]+)\\n", fields)
+    for name, value in {**HEADER_FIELDS, "PO-Revision-Date": created.group(1) if created else ""}.items():
+        fields = re.sub(rf'^"{name}: (?:Project name not set|FULL NAME|YEAR-MO-DA|zh_CN <LL@li.org>)[^"]*"$',
+                        lambda _, n=name, v=value: f'"{n}: {v}\\n"', fields, flags=re.M)
+    lines = []
+    for line in rest.splitlines():
+        if line.startswith("#,"):
+            flags = [f for f in line[2:].replace(" ", "").split(",") if f and f not in FORMAT_FLAGS]
+            if not flags:
+                continue
+            line = "#, " + ", ".join(flags)
+        lines.append(line)
+    return head + sep + fields + "\n\n" + "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
 def check(pots: Path, locale: Path = LOCALE) -> int:

@@ -11,6 +11,8 @@ book/_ext/i18n_tool.py). It does three small things:
   The outputs come from one execution shared by both builds (jupyter-cache), so the numbers are the same.
 - Glue in translated text: Sphinx parses each translated message as a document of its own, where a glue role
   finds no notebook; it is looked up in the page being translated instead.
+- Figure alt texts: the Chinese build puts the Chinese alt text of book/locale/zh_CN/figure_alt.yml on each image
+  whose English `:alt:` it lists; an image whose alt text is missing there is a warning, so the build (-W) fails.
 - Catalog extraction without execution (`i18n_extract_only`, set by i18n_tool for the gettext builder): a
   `{glue:figure}` whose data is missing still yields its caption (a placeholder stands in for the image), so the
   catalogs hold the captions although no page was executed.
@@ -23,6 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ZH_DIR = "zh"  # the Chinese edition's folder inside _build/html
 ZH_SUFFIX = "_zh"
+ALT_TEXTS = HERE.parent / "locale" / "zh_CN" / "figure_alt.yml"
 
 
 def is_chinese(config) -> bool:
@@ -41,6 +44,35 @@ def add_switch(app, pagename, templatename, context, doctree) -> None:
     context["lang_switch_label"] = "English" if chinese else "中文"
     context["lang_switch_hreflang"] = "en" if chinese else "zh-CN"
     context["lang_switch_title"] = "Read this page in English" if chinese else "阅读本页的中文版"
+
+
+def load_alt_texts(path: Path = ALT_TEXTS) -> dict[str, str]:
+    """{English alt text: Chinese} from figure_alt.yml (a list of `en`/`zh` entries)."""
+    import yaml
+
+    return {e["en"]: e["zh"] for e in yaml.safe_load(path.read_text(encoding="utf-8")) or []}
+
+
+def chinese_alt_texts(doctree, alts: dict[str, str]) -> list[str]:
+    """Swap each image's English alt text for its Chinese one; return the alt texts that have none."""
+    from docutils import nodes
+
+    missing = []
+    for image in doctree.findall(nodes.image):
+        alt = image.get("alt")
+        if alt and alt in alts:
+            image["alt"] = alts[alt]
+        elif alt and alt not in alts.values():
+            missing.append(alt)
+    return missing
+
+
+def translate_alt_texts(app, doctree, docname) -> None:
+    from sphinx.util import logging
+
+    for alt in chinese_alt_texts(doctree, load_alt_texts()):
+        logging.getLogger(__name__).warning(f"{docname}: figure alt text with no Chinese in "
+                                            f"{ALT_TEXTS.relative_to(HERE.parents[1])}: {alt!r}")
 
 
 def use_chinese_glue(glue_data: dict) -> dict:
@@ -116,6 +148,8 @@ def configure(app, config) -> None:
         options["article_header_end"] = ["lang-switch.html", *end]
     if is_chinese(config):
         patch_glue_for_chinese()
+        if not config.i18n_extract_only:
+            app.connect("doctree-resolved", translate_alt_texts)
     patch_glue_lookup(placeholder=bool(config.i18n_extract_only))
 
 
