@@ -5,6 +5,7 @@
     python -m autograder merge SHARD_OUT_OR_CSV ... -o grades.csv
     python -m autograder review OUT                  # free-text answers: pages + review.csv
     python -m autograder feedback-zip OUT            # OUT/feedback.zip for the LMS
+    python -m autograder report OUT                  # OUT/report/index.html + tests.csv: what the class got wrong
     python -m autograder check notebooks/NN_topic.ipynb   # a student's self-check (visible tests)
     python -m autograder gradescope NN_topic -o autograder.zip
     python -m autograder student [--dest _build/student]  # the student edition
@@ -21,6 +22,7 @@ from .batch import Settings
 from .results import STATUSES, merge
 from .commands import COURSE_COMMANDS, NOTEBOOKS, SOLUTIONS, add_course_commands, grade, release
 from .platforms import FORMATS
+from .report import report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("inputs", type=Path, nargs="+", help="grades.csv files or the OUT folders of the shards")
     m.add_argument("-o", "--output", type=Path, required=True)
 
+    rp = sub.add_parser("report", help="the class report: OUT/report/index.html and OUT/report/tests.csv")
+    rp.add_argument("out", type=Path, help="a graded (or merged) OUT folder")
+
     mu = sub.add_parser("mutants", help="mutation score of each chapter's tests (see autograder/mutation.py)")
     mu.add_argument("stems", nargs="*", help="chapters, e.g. 04_gqa (default: all)")
     mu.add_argument("--solutions", type=Path, default=SOLUTIONS, help=f"instructor sources (default {SOLUTIONS})")
@@ -73,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_mutants(args.stems, args.solutions, check=args.check, timeout=args.timeout, json_out=args.json)
     if args.command == "release":
         return release(args.solutions, args.dest, check=args.check)
+    if args.command == "report":
+        return report(args.out)
     if args.command == "merge":
         return merge(args.inputs, args.output)
     settings = Settings(cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,

@@ -44,7 +44,7 @@ import nbformat
 from . import notebooks, warm
 from .course import Course, cell_timeout, kernel_environment
 from .intake import Invalid, match_files, preflight, unzip
-from .results import Row, Say, _stderr, summary, write_csv
+from .results import ROWS_JSON, Row, Say, _stderr, summary, write_csv, write_rows
 
 VERSION = "2"  # part of the cache key: bump when grading changes meaning
 
@@ -354,6 +354,7 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
         for line in review.apply(rows, marks, fb_dir):
             say(line)
     write_csv(rows, out / "grades.csv")
+    write_rows(rows, out / ROWS_JSON)
     (out / "students.json").write_text(json.dumps(
         {sid: dataclasses.asdict(s) for sid, s in info.items() if sid in mine}, indent=1, sort_keys=True))
     review.save_answers(rows, out)

@@ -45,6 +45,18 @@ class Row:
     timing: dict = dataclasses.field(default_factory=dict)  # where the seconds went (job.py), not in the CSV
 
 
+ROWS_JSON = "rows.json"  # OUT/rows.json: every row in full (per-test results, seconds), for `report` and `merge`
+
+
+def write_rows(rows: list[Row], path: Path) -> None:
+    """Every field of every row (the CSV keeps only the sheet's columns), sorted like grades.csv."""
+    data = [dataclasses.asdict(r) for r in sorted(rows, key=lambda r: (r.student, r.notebook))]
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+def read_rows(path: Path) -> list[Row]:
+    return [Row(**r) for r in json.loads(path.read_text(encoding="utf-8"))]
+
 
 def write_csv(rows: list[Row], path: Path) -> None:
     tmp = path.with_suffix(".csv.tmp")
