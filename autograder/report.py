@@ -56,14 +56,14 @@ def score_histogram(data: ClassData, stem: str, path: Path) -> None:
     top = max(r.max_score for r in rows)
     whole = top <= 30 and all(float(r.score).is_integer() for r in rows)
     bins = [b - 0.5 for b in range(int(top) + 2)] if whole else [top * i / 10 for i in range(11)]
-    fig, ax = _figure(6, 2.6)
+    fig, ax = _figure(6, 3)
     graded = [r.score for r in rows if r.status not in NOT_GRADED]
     other = [r.score for r in rows if r.status in NOT_GRADED]
     ax.hist([graded, other], bins=bins, stacked=True, color=["#4a8", "#d66"],
             label=["graded", "not graded (" + ", ".join(NOT_GRADED) + ")"])
     ax.set(xlabel=f"score (of {top:g})", ylabel="students", title=f"{stem}: scores")
     ax.yaxis.get_major_locator().set_params(integer=True)
-    fig.legend(fontsize=8, loc="outside right upper")
+    fig.legend(fontsize=8, loc="outside lower center", ncols=2)
     fig.savefig(path)
 
 
