@@ -44,7 +44,8 @@ import nbformat
 from . import notebooks, warm
 from .course import Course, cell_timeout, kernel_environment
 from .intake import Invalid, match_files, preflight, unzip
-from .results import ROWS_JSON, Row, Say, _stderr, summary, write_csv, write_rows
+from .gradebook import write_outputs
+from .results import Row, Say, _stderr, shard_of, summary
 
 VERSION = "2"  # part of the cache key: bump when grading changes meaning
 
@@ -58,11 +59,6 @@ class Settings:
 
     def key(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-
-def shard_of(student: str, n: int) -> int:
-    """1..n: a student's shard, stable across machines, runs and the order of the folder."""
-    return int(hashlib.sha256(student.encode()).hexdigest(), 16) % n + 1
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -353,14 +349,6 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
     if marks is not None:
         for line in review.apply(rows, marks, fb_dir):
             say(line)
-    write_csv(rows, out / "grades.csv")
-    write_rows(rows, out / ROWS_JSON)
-    (out / "students.json").write_text(json.dumps(
-        {sid: dataclasses.asdict(s) for sid, s in info.items() if sid in mine}, indent=1, sort_keys=True))
-    review.save_answers(rows, out)
-    from .gradebook import write_all
-
-    write_all(out, say=say)
     # shard and class (every student of every shard, the notebooks): merge checks completeness against them
     meta = {"class": {"students": everyone, "notebooks": stems}, "format": intake.format, "isolation": isolation,
             "isolated": isolated, "kernels": warm.status(), "workers": workers,
@@ -370,7 +358,7 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
             "per_notebook_seconds": {f"{r.student}/{r.notebook}": round(r.seconds, 2) for r in rows if r.seconds},
             "per_notebook_timing": {f"{r.student}/{r.notebook}": {k: round(v, 3) for k, v in r.timing.items()}
                                     for r in rows if r.timing}}
-    (out / "grading.json").write_text(json.dumps(meta, indent=1))
+    write_outputs(out, rows, {sid: s for sid, s in info.items() if sid in mine}, meta, say=say)
     if not os.environ.get("KVREF_KEEP_WORK"):  # debugging: keep OUT/.work (job logs, course dirs)
         shutil.rmtree(work, ignore_errors=True)
     say(summary(rows) if rows else "no submissions")
