@@ -80,12 +80,17 @@ def pass_rate_bars(stats: list[TestStat], stem: str, path: Path) -> None:
     fig.savefig(path)
 
 
+def seconds(data: ClassData, stem: str) -> list[float]:
+    """The time of every notebook of ``stem`` that went to a kernel (not missing, not refused as invalid)."""
+    return [r.seconds for r in data.rows if r.notebook == stem and r.seconds and r.status not in ("missing", "invalid")]
+
+
 def time_boxes(data: ClassData, path: Path) -> bool:
-    stems = [s for s in data.notebooks if any(r.seconds for r in data.rows if r.notebook == s)]
+    stems = [s for s in data.notebooks if seconds(data, s)]
     if not stems:
         return False
     fig, ax = _figure(7, 0.8 + 0.45 * len(stems))
-    ax.boxplot([[r.seconds for r in data.rows if r.notebook == s and r.seconds] for s in stems][::-1],
+    ax.boxplot([seconds(data, s) for s in stems][::-1],
                orientation="horizontal", tick_labels=stems[::-1])
     ax.set(xlabel="seconds to grade one notebook", title="time per notebook")
     fig.savefig(path)
@@ -117,7 +122,7 @@ def time_section(data: ClassData, dest: Path) -> str:
         return "<p>No timing recorded (cached rows keep the time of their first grading).</p>"
     body = []
     for stem in data.notebooks:
-        secs = [r.seconds for r in data.rows if r.notebook == stem and r.seconds]
+        secs = seconds(data, stem)
         if secs:
             body.append([esc(stem), len(secs), f"{statistics.median(secs):.1f}", f"{max(secs):.1f}",
                          f"{sum(secs):.0f}"])

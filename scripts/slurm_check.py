@@ -3,7 +3,7 @@
     python scripts/slurm_check.py class DEST N               a class of a few students x two notebooks
     python scripts/slurm_check.py shards CLASS GRADED N      every student graded exactly once, shards disjoint
     python scripts/slurm_check.py same MERGED SINGLE         the merged sheet equals the single-machine one
-    python scripts/slurm_check.py folders MERGED SINGLE      `merge -o FOLDER` equals the single-machine OUT
+    python scripts/slurm_check.py folders MERGED SINGLE SHARD...   `merge -o FOLDER` equals the single-machine OUT
     python scripts/slurm_check.py states JOBCOMP SACCT JOBID K=STATE ...
                                                              sacct's state of each array task of JOBID
     python scripts/slurm_check.py named MESSAGE CLASS N K    the merge's error names exactly shard K's students
@@ -111,9 +111,9 @@ SAME_FILES = ["grades.csv", "students.json", "answers.json", "gradebook.csv", "c
 SAME_META = ["class", "shard", "format", "settings", "isolated", "canary", "graded", "rows"]
 
 
-def check_folders(merged: Path, single: Path) -> None:
-    """Everything `grade` wrote into SINGLE is in MERGED with the same contents, apart from times and paths;
-    `review`, `feedback-zip` and `report` give the same on both."""
+def check_folders(merged: Path, single: Path, shards: list[Path]) -> None:
+    """Everything `grade` wrote into SINGLE is in MERGED (from SHARDS) with the same contents, apart from times and
+    paths; `review`, `feedback-zip` and `report` give the same on both."""
     for out in (merged, single):
         quiet = [].append
         if review(out, SOLUTIONS, say=quiet) or feedback_zip(out, say=quiet) or report(out, say=quiet):
@@ -133,18 +133,26 @@ def check_folders(merged: Path, single: Path) -> None:
     if differ or set(meta[0]["per_notebook_seconds"]) != set(meta[1]["per_notebook_seconds"]):
         fail(f"grading.json differs in {differ or 'per_notebook_seconds'}")
 
-    def pages(out: Path) -> dict[str, str]:  # the feedback pages, with object addresses and OUT's path taken out
-        return {p.relative_to(out).as_posix(): re.sub(r"0x[0-9a-f]+", "0x", p.read_text().replace(str(out), "OUT"))
+    # A feedback page holds what the kernel sent, so two gradings of one notebook differ in widget ids and in how
+    # printed text was cut into messages: the merged pages are the shards' own, byte for byte, and they give the
+    # single machine's scores (the title's total and every graded cell's).
+    shard_pages = {p.relative_to(d).as_posix(): p.read_bytes() for d in shards for p in (d / "feedback").rglob("*.html")}
+    merged_pages = {p.relative_to(merged).as_posix(): p.read_bytes() for p in (merged / "feedback").rglob("*.html")}
+    if merged_pages != shard_pages:
+        fail(f"the merged feedback pages are not the shards': {sorted(merged_pages)} vs {sorted(shard_pages)}")
+
+    def scores(out: Path) -> dict[str, list[str]]:
+        return {p.relative_to(out).as_posix(): re.findall(r"score: [\d.]+ / [\d.]+|: [\d.]+ / [\d.]+</h1>", p.read_text())
                 for p in sorted((out / "feedback").rglob("*.html"))}
 
-    if pages(merged) != pages(single):
-        fail(f"feedback pages differ: {sorted(pages(merged))} vs {sorted(pages(single))}")
+    if scores(merged) != scores(single):
+        fail(f"feedback pages: {scores(merged)} vs the single machine's {scores(single)}")
     with zipfile.ZipFile(merged / "feedback.zip") as a, zipfile.ZipFile(single / "feedback.zip") as b:
         if a.namelist() != b.namelist():
             fail(f"feedback.zip: {a.namelist()} vs {b.namelist()}")
     tests = (merged / "report" / "tests.csv").read_text().count("\n") - 1
     print(f"merged folder == single machine folder: {', '.join(SAME_FILES)}, rows.json apart from times, "
-          f"grading.json ({', '.join(SAME_META)}), {len(pages(single))} feedback page(s) and feedback.zip; "
+          f"grading.json ({', '.join(SAME_META)}), {len(merged_pages)} feedback page(s) (scores) and feedback.zip; "
           f"the report's {tests} test(s) the same")
 
 
@@ -187,7 +195,7 @@ def main(argv: list[str]) -> None:
     elif cmd == "same":
         check_same(Path(args[0]), Path(args[1]))
     elif cmd == "folders":
-        check_folders(Path(args[0]), Path(args[1]))
+        check_folders(Path(args[0]), Path(args[1]), [Path(a) for a in args[2:]])
     elif cmd == "states":
         check_states(Path(args[0]), Path(args[1]), args[2], args[3:])
     elif cmd == "named":

@@ -198,7 +198,7 @@ states "$JOB" 1=COMPLETED 2=COMPLETED 3=COMPLETED || { tail -n 20 "$WORK"/out/* 
 "$PY" scripts/slurm_check.py same "$WORK/graded/grades.csv" "$WORK/single/grades.csv" >&2 || die "merged != single"
 "$PY" -m autograder merge "$WORK"/graded/shard-* -o "$WORK/graded/class" 2>"$WORK/merge.log" \
   || { cat "$WORK/merge.log" >&2; die "merge into a folder"; }
-"$PY" scripts/slurm_check.py folders "$WORK/graded/class" "$WORK/single" >&2 || die "merged folder != single"
+"$PY" scripts/slurm_check.py folders "$WORK/graded/class" "$WORK/single" "$WORK"/graded/shard-* >&2 || die "merged folder != single"
 
 # -- 2. a failing task, then re-running it ------------------------------------------------------------
 log "again, with shard 2's output folder blocked (shards 1 and 3 come from the cache)"
