@@ -8,44 +8,14 @@ import dataclasses
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
-from typing import Callable
 
-STATUSES = {
-    "ok": "graded; the score is what the tests gave (the reason lists lost points and repairs)",
-    "missing": "the student handed in no notebook of this name",
-    "invalid": "the file is not a notebook nbgrader can read (not JSON, not nbformat, too large)",
-    "timeout": "stopped: a cell ignored the interrupt after the per-cell limit, or the notebook ran past the "
-               "per-notebook wall-clock limit",
-    "error": "nbgrader could not grade it (for example the kernel died); see the reason",
-    "needs_review": "graded automatically; free-text answers wait for a person (`review`, then `grade --manual`): "
-                    "the score holds the automatic points so far",
-}
+from .rows import STATUSES, Row, Say, _stderr
+
+__all__ = ["STATUSES", "Row", "Say", "Shards", "gather", "merge", "read_csv", "read_rows", "shard_of", "summary",
+           "write_csv", "write_rows"]  # STATUSES, Row, Say: imported here from rows.py
+
 CSV_FIELDS = ["student", "notebook", "score", "max_score", "status", "reason", "late"]
-
-Say = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass
-class Row:
-    student: str
-    notebook: str
-    score: float
-    max_score: float
-    status: str = "ok"
-    reason: str = ""
-    late: bool = False
-    seconds: float = 0.0  # not in the CSV
-    tests: list = dataclasses.field(default_factory=list)  # [{name, score, max_score, output}], not in the CSV
-    manual: dict = dataclasses.field(default_factory=dict)  # {grade_id: {max_score, answer}}, not in the CSV
-    timing: dict = dataclasses.field(default_factory=dict)  # where the seconds went (job.py), not in the CSV
-
-
 ROWS_JSON = "rows.json"  # OUT/rows.json: every row in full (per-test results, seconds), for `report` and `merge`
 
 
