@@ -14,6 +14,8 @@
 #   make release regenerate the student notebooks notebooks/NN_topic.ipynb from solutions/ (nbgrader)
 #   make grade SUBMISSIONS=<dir> OUT=<dir>
 #                autograde <dir>/<student>/NN_topic.ipynb into OUT/grades.csv and OUT/feedback/
+#   make report OUT=<dir>
+#                the class report of a graded (or merged) OUT: OUT/report/index.html and OUT/report/tests.csv
 #   make student the student edition: _build/student/ and _build/student.zip
 #   make check NB=03_memory
 #                run notebooks/03_memory.ipynb as the grader does (visible tests only)
@@ -42,7 +44,7 @@ PYTEST_ARGS ?=
 # Recipes (and the tools they start, e.g. nbgrader and the notebook kernel) use the venv.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv js book pdf test clean release grade student check i18n-update i18n-check gpu-check prerequisites
+.PHONY: venv js book pdf test clean release grade report student check i18n-update i18n-check gpu-check prerequisites
 
 # Checked in seconds, before anything is installed: one line per missing prerequisite, saying what to install.
 prerequisites:
@@ -110,6 +112,11 @@ release: $(STAMP)
 grade: $(STAMP)
 	@test -n "$(SUBMISSIONS)" -a -n "$(OUT)" || { echo "usage: make grade SUBMISSIONS=<dir or .zip> OUT=<dir> [WORKERS=N] [SHARD=K/N] [FORCE=1]" >&2; exit 2; }
 	$(PY) -m autograder grade "$(SUBMISSIONS)" "$(OUT)" $(if $(WORKERS),--workers $(WORKERS)) $(if $(SHARD),--shard $(SHARD)) $(if $(FORCE),--force) $(if $(FORMAT),--format $(FORMAT)) $(if $(ROSTER),--roster $(ROSTER)) $(if $(MANUAL),--manual $(MANUAL)) $(GRADE_ARGS)
+
+# The class report of a graded (or merged) OUT: $(OUT)/report/index.html and $(OUT)/report/tests.csv.
+report: $(STAMP)
+	@test -n "$(OUT)" || { echo "usage: make report OUT=<dir>" >&2; exit 2; }
+	$(PY) -m autograder report "$(OUT)"
 
 # What a student clones or downloads (no solutions/, no tests/, no hidden tests): see autograder/student.py.
 student: $(STAMP)

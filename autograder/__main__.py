@@ -2,9 +2,11 @@
 
     python -m autograder release [--check]
     python -m autograder grade SUBMISSIONS OUT [--workers N] [--shard K/N] [--force] ...
-    python -m autograder merge SHARD_OUT_OR_CSV ... -o grades.csv
+    python -m autograder merge SHARD_OUT ... -o FOLDER     # everything `grade` writes, for the whole class
+    python -m autograder merge SHARD_OUT_OR_CSV ... -o grades.csv   # the sheet alone
     python -m autograder review OUT                  # free-text answers: pages + review.csv
     python -m autograder feedback-zip OUT            # OUT/feedback.zip for the LMS
+    python -m autograder report OUT                  # OUT/report/index.html + tests.csv: what the class got wrong
     python -m autograder check notebooks/NN_topic.ipynb   # a student's self-check (visible tests)
     python -m autograder gradescope NN_topic -o autograder.zip
     python -m autograder student [--dest _build/student]  # the student edition
@@ -20,7 +22,9 @@ from pathlib import Path
 from .batch import Settings
 from .results import STATUSES, merge
 from .commands import COURSE_COMMANDS, NOTEBOOKS, SOLUTIONS, add_course_commands, grade, release
+from .merging import merge_into
 from .platforms import FORMATS
+from .report import report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,9 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--manual", type=Path, default=None, help="a filled-in review.csv (see `review`)")
     g.add_argument("--no-canary", action="store_true", help="skip grading the instructor solution first")
 
-    m = sub.add_parser("merge", help="join the grades.csv of several shards")
-    m.add_argument("inputs", type=Path, nargs="+", help="grades.csv files or the OUT folders of the shards")
-    m.add_argument("-o", "--output", type=Path, required=True)
+    m = sub.add_parser("merge", help="join the OUT folders of several shards into one (or their grades.csv)")
+    m.add_argument("inputs", type=Path, nargs="+", help="the OUT folders of the shards (or the grades.csv in them)")
+    m.add_argument("-o", "--output", type=Path, required=True,
+                   help="a folder: everything `grade` writes (sheets, gradebook, LMS import files, feedback pages, "
+                        "grading.json); a name ending in .csv: the grade sheet alone")
+
+    rp = sub.add_parser("report", help="the class report: OUT/report/index.html and OUT/report/tests.csv")
+    rp.add_argument("out", type=Path, help="a graded (or merged) OUT folder")
 
     mu = sub.add_parser("mutants", help="mutation score of each chapter's tests (see autograder/mutation.py)")
     mu.add_argument("stems", nargs="*", help="chapters, e.g. 04_gqa (default: all)")
@@ -73,8 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         return run_mutants(args.stems, args.solutions, check=args.check, timeout=args.timeout, json_out=args.json)
     if args.command == "release":
         return release(args.solutions, args.dest, check=args.check)
-    if args.command == "merge":
+    if args.command == "report":
+        return report(args.out)
+    if args.command == "merge" and args.output.suffix.lower() == ".csv":
         return merge(args.inputs, args.output)
+    if args.command == "merge":
+        return merge_into(args.inputs, args.output)
     settings = Settings(cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
                         memory_mb=args.memory, isolate=not args.no_sandbox)
     names = [s for s in (args.notebooks or "").split(",") if s] or None

@@ -1,4 +1,4 @@
-"""Batch grading of a class: untrusted submissions in, a complete grade sheet out.
+"""Batch grading of a class, the pipeline: untrusted submissions in, a complete OUT folder out.
 
     python -m autograder grade SUBMISSIONS OUT [--workers N] [--shard K/N] [--force] ...
     python -m autograder merge OUT1/grades.csv OUT2/grades.csv ... -o grades.csv
@@ -9,13 +9,19 @@ submission goes through these steps, each in its own process, N at a time:
 1. ``intake.preflight`` (here, no student code runs): read the file, refuse what is not a notebook,
    clear stored outputs, reset the kernel, put back deleted graded cells, note edited test
    cells and duplicate grade ids. What was repaired goes into the ``reason`` column.
-2. ``python -m autograder.job`` (a child process with a wall-clock limit): a private nbgrader
+2. ``grading.run_job``: ``python -m autograder.job`` (a child process with a wall-clock limit): a private nbgrader
    course directory holding only this submission and a copy of the gradebook, nbgrader's
    autograde with the kernel started through ``autograder.sandbox`` (no network, no view of the
    instructor's files, memory/CPU/file-size limits), then a feedback page made from the graded
    notebook with the hidden tests taken out again.
-3. The row: ``student, notebook, score, max_score, status, reason`` (see ``results.STATUSES``);
-   the feedback page is made by ``feedback.py``, the sheet and shard merging live in ``results.py``.
+3. The row: ``student, notebook, score, max_score, status, reason`` (see ``rows.STATUSES``);
+   the feedback page is made by ``feedback.py``, the sheet and shard merging live in ``results.py``,
+   the free-text review in ``review.py``, and ``gradebook.write_outputs`` writes OUT.
+
+The stages, each a module that imports only those before it: intake (``platforms``, ``intake``) ->
+grade (``course``, ``job``, ``feedback``, ``grading``) -> record (``results``, ``review``) -> export
+(``gradebook``, ``merging``) -> report (``report_stats``, ``report``); this module and the command
+line (``commands``, ``__main__``) sit on top. ``tests/test_imports.py`` checks the order.
 
 Results are cached in OUT/.cache by the hash of the submission, the instructor source and the
 grading settings: a re-run only grades what changed (``--force`` grades everything again).
@@ -26,43 +32,25 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 import zipfile
 from pathlib import Path
 
 import nbformat
 
-from . import notebooks, warm
-from .course import Course, cell_timeout, kernel_environment
-from .intake import Invalid, match_files, preflight, unzip
-from .results import Row, Say, _stderr, summary, write_csv
+from . import notebooks, platforms, review, warm
+from .course import Course, cell_timeout, solution_files
+from .gradebook import write_outputs
+from .grading import CANARY, Grader, Progress, Settings, canary_hint, isolation_status
+from .intake import match_files, unzip
+from .results import Row, Say, _stderr, shard_of, summary
+
+__all__ = ["Settings", "Stop", "grade_batch", "parse_shard", "shard_of", "usage_problem"]  # Settings, shard_of: imported here
 
 VERSION = "2"  # part of the cache key: bump when grading changes meaning
-
-
-@dataclasses.dataclass
-class Settings:
-    cell_timeout: float = 0.0  # 0: from nbgrader_config.py
-    notebook_timeout: float = 600.0
-    memory_mb: int = 4096
-    isolate: bool = True  # False: resource limits only
-
-    def key(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-
-def shard_of(student: str, n: int) -> int:
-    """1..n: a student's shard, stable across machines, runs and the order of the folder."""
-    return int(hashlib.sha256(student.encode()).hexdigest(), 16) % n + 1
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -74,91 +62,7 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
-# -- one job ---------------------------------------------------------------------------------------
-
-
-def _job_course(jobdir: Path, base: Path, stem: str, student: str, nb: nbformat.NotebookNode) -> Path:
-    course = jobdir / "course"
-    shutil.rmtree(course, ignore_errors=True)
-    (course / "source").mkdir(parents=True)
-    shutil.copytree(base / "source" / stem, course / "source" / stem)
-    shutil.copytree(base / "release" / stem, course / "release" / stem)
-    shutil.copyfile(base / "gradebook.db", course / "gradebook.db")
-    dest = course / "submitted" / student / stem / f"{stem}.ipynb"
-    dest.parent.mkdir(parents=True)
-    dest.write_text(nbformat.writes(nb), encoding="utf-8")
-    return course
-
-
-def run_job(jobdir: Path, wall: float) -> dict:
-    """Grade one prepared job in a child process; kill its whole process group past ``wall``."""
-    log = open(jobdir / "job.log", "wb")
-    with kernel_environment():
-        cmd = warm.command("job", [sys.executable, "-m", "autograder.job", str(jobdir)])
-        proc = subprocess.Popen(cmd, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ))
-    try:
-        proc.wait(timeout=wall)
-    except subprocess.TimeoutExpired:
-        with_kill(proc)
-        return {"status": "timeout", "reason": f"still running after the {wall:g} s limit per notebook: stopped"}
-    finally:
-        log.close()
-        with_kill(proc)  # whatever the job left behind (a kernel that ignores shutdown)
-        runtime = jobdir / "runtime.txt"
-        if runtime.is_file() and Path(runtime.read_text()).name.startswith("kvk-"):
-            shutil.rmtree(runtime.read_text(), ignore_errors=True)
-    result = jobdir / "result.json"
-    if result.is_file():
-        return json.loads(result.read_text())
-    tail = (jobdir / "job.log").read_text(errors="replace")[-600:]
-    return {"status": "error", "reason": f"the grading process failed (exit {proc.returncode}): {tail.strip()[-300:]}"}
-
-
-def with_kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
 # -- the batch -------------------------------------------------------------------------------------
-
-
-class Progress:
-    def __init__(self, total: int, say: Say):
-        self.total, self.done, self.say, self.t0 = total, 0, say, time.perf_counter()
-        self.tty = sys.stderr.isatty()
-        self.lock = threading.Lock()
-
-    def step(self, row: Row, cached: bool = False) -> None:
-        with self.lock:
-            self.done += 1
-            width = 30
-            bar = "#" * (width * self.done // max(1, self.total))
-            msg = (f"[{bar:<{width}}] {self.done}/{self.total} {time.perf_counter() - self.t0:5.0f} s  "
-                   f"{row.student}/{row.notebook}: {row.status} {row.score:g}/{row.max_score:g}"
-                   + (" (cached)" if cached else ""))
-            if self.tty:
-                sys.stderr.write("\r\033[K" + msg + ("\n" if self.done == self.total else ""))
-                sys.stderr.flush()
-            else:
-                self.say(msg)
-
-
-def isolation_status(settings: Settings, hidden: list[str]) -> tuple[bool, str]:
-    """Whether kernels will be sandboxed, and a sentence saying so (or why not)."""
-    from . import sandbox
-
-    if not settings.isolate:
-        return False, "OFF (--no-sandbox): student code runs with resource limits only"
-    if os.environ.get("KVREF_SANDBOX", "").lower() in ("0", "off", "no"):
-        return False, "OFF (KVREF_SANDBOX=off): student code runs with resource limits only"
-    ok, why = sandbox.probe(hidden)
-    if ok:
-        return True, "on (user, mount, PID and network namespaces; read-only minimal root; rlimits)"
-    return False, f"OFF (user namespaces unavailable: {why}): student code runs with resource limits only"
 
 
 def usage_problem(submissions: Path, out: Path, workers: int | None, shard: str | None) -> str | None:
@@ -178,19 +82,24 @@ def usage_problem(submissions: Path, out: Path, workers: int | None, shard: str 
     return None
 
 
-CANARY = "_instructor_solution"
+class Stop(Exception):
+    """A stage cannot go on: the run ends with ``status`` and one line, ``error: <message>``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
 
 
-def canary_hint(row: Row) -> str:
-    """The grading setting most likely to blame when the instructor's own solution loses points."""
-    why = row.reason
-    if row.status == "timeout" and "per notebook" in why:
-        return "--notebook-timeout (the wall-clock limit per notebook) is too small"
-    if row.status == "timeout" or "CellTimeoutError" in why or "GradingTimeout" in why:
-        return "--cell-timeout (the limit per cell) is too small"
-    if "MemoryError" in why or "kernel died" in why or "memory" in why.lower():
-        return "--memory (the kernel's address-space limit, MB) is too small"
-    return "a setting, or the instructor source itself (grade it alone with `python -m autograder check`)"
+@dataclasses.dataclass
+class Class:
+    """What intake found: the students (roster applied), their files matched to the notebooks."""
+    submissions: Path  # the folder (a .zip unpacked)
+    format: str  # platforms.FORMATS
+    entries: dict[str, platforms.Entry]  # student id -> what they handed in
+    info: dict[str, platforms.Student]  # student id -> name, email, LMS id, section
+    matched: dict[str, tuple[dict, list[str]]]  # student id -> ({stem: (path, note)}, ignored files)
+    stems: list[str]  # the notebooks every student must hand in
+    everyone: list[str]  # every student of every shard
 
 
 def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | None = None,
@@ -202,47 +111,88 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
     not get full marks;
     2 on a usage error. ``fmt``: the export format (``platforms.FORMATS``); ``roster``: roster.csv;
     ``manual``: a filled-in review.csv whose points are added (see ``review.py``)."""
-    from . import platforms, review
-    from .commands import solution_files
-
     settings = settings or Settings()
     if not settings.cell_timeout:
         settings.cell_timeout = cell_timeout()
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
+    try:
+        k, n, sources, people, marks = check_arguments(submissions, out, solutions, workers, shard, roster, manual)
+        workers = max(1, workers or os.cpu_count() or 1)
+        work = make_out(out)
+        t0 = time.perf_counter()
+        cls = read_class(submissions, sources, fmt, people, notebook_names, work, say)  # intake
+        grader = set_up(cls, sources, solutions, settings, workers, out, work, force, say)  # grade: the course
+        phases = {"setup": time.perf_counter() - t0}
+        if canary:
+            run_canary(grader, cls.stems, sources, workers, say)
+        phases["canary"] = time.perf_counter() - t0 - phases["setup"]
+        mine = sorted(s for s in cls.everyone if shard_of(s, n) == k)
+        rows, todo = plan(cls, mine, grader, sources)
+        rows += grade_all(grader, rows, todo, workers, say)  # grade: every submission of the shard
+    except Stop as e:
+        say(f"error: {e}")
+        return e.status
+    if marks is not None:  # record: the reviewed free-text answers
+        for line in review.apply(rows, marks, out / "feedback"):
+            say(line)
+    # shard and class (every student of every shard, the notebooks): merge checks completeness against them
+    meta = {"class": {"students": cls.everyone, "notebooks": cls.stems}, "format": cls.format,
+            "isolation": grader.isolation, "isolated": settings.isolate, "kernels": warm.status(), "workers": workers,
+            "shard": f"{k}/{n}", "settings": dataclasses.asdict(settings), "seconds": time.perf_counter() - t0,
+            "phases": dict(phases, students=time.perf_counter() - t0 - sum(phases.values())),
+            "graded": len(todo), "rows": len(rows), "canary": canary,
+            "per_notebook_seconds": {f"{r.student}/{r.notebook}": round(r.seconds, 2) for r in rows if r.seconds},
+            "per_notebook_timing": {f"{r.student}/{r.notebook}": {k: round(v, 3) for k, v in r.timing.items()}
+                                    for r in rows if r.timing}}
+    write_outputs(out, rows, {sid: s for sid, s in cls.info.items() if sid in mine}, meta, say=say)  # export
+    if not os.environ.get("KVREF_KEEP_WORK"):  # debugging: keep OUT/.work (job logs, course dirs)
+        shutil.rmtree(work, ignore_errors=True)
+    return finish(rows, todo, (k, n), grader.isolation, workers, t0, out, say)
+
+
+def check_arguments(submissions: Path, out: Path, solutions: Path, workers: int | None, shard: str | None,
+                    roster: Path | None, manual: Path | None) -> tuple[int, int, dict[str, Path], list | None,
+                                                                       dict | None]:
+    """(K, N, {stem: instructor source}, roster, review marks), or Stop(2) on a usage error."""
     problem = usage_problem(submissions, out, workers, shard)
     if problem:
-        say(f"error: {problem}")
-        return 2
+        raise Stop(2, problem)
     k, n = parse_shard(shard)
     sources = solution_files(solutions)
     if not sources:
-        say(f"error: no NN_topic.ipynb notebooks in {solutions}")
-        return 2
+        raise Stop(2, f"no NN_topic.ipynb notebooks in {solutions}")
     try:
         people = platforms.read_roster(roster) if roster else None
         marks = review.read_review(manual) if manual else None
     except (OSError, ValueError) as e:
-        say(f"error: {e}")
-        return 2
+        raise Stop(2, str(e)) from None
+    return k, n, sources, people, marks
+
+
+def make_out(out: Path) -> Path:
+    """OUT and an empty OUT/.work, made before any grading: Stop(1) when OUT cannot hold the results."""
     work = out / ".work"
-    try:  # fail here, before any grading, when OUT cannot hold the results
+    try:
         out.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
     except OSError as e:
-        say(f"error: cannot write the results to {out}: {e}")
-        return 1
+        raise Stop(1, f"cannot write the results to {out}: {e}") from None
+    return work
+
+
+def read_class(submissions: Path, sources: dict[str, Path], fmt: str, people: list | None,
+               notebook_names: list[str] | None, work: Path, say: Say) -> Class:
+    """The intake stage: the export read (a .zip unpacked, the LMS layout recognised), the roster
+    applied, each student's files matched to the course notebooks."""
     if submissions.is_file() and zipfile.is_zipfile(submissions):
         submissions = unzip(submissions, work / "unzipped", say)
     if not submissions.is_dir():
-        say(f"error: {submissions} is not a folder (or .zip) of submissions")
-        return 2
-    t0 = time.perf_counter()
+        raise Stop(2, f"{submissions} is not a folder (or .zip) of submissions")
     try:
         intake = platforms.collect(submissions, fmt, work / "intake", say)
     except ValueError as e:
-        say(f"error: {e}")
-        return 2
+        raise Stop(2, str(e)) from None
     say(f"format: {intake.format} ({len(intake.students)} student(s))")
     if people is not None:
         entries, info = platforms.apply_roster(intake, people)
@@ -257,161 +207,104 @@ def grade_batch(submissions: Path, out: Path, solutions: Path, workers: int | No
     stems = sorted(set(notebook_names or []) or {s for found, _ in matched.values() for s in found})
     unknown = [s for s in stems if s not in sources]
     if unknown:
-        say(f"error: no instructor source for {unknown}")
-        return 2
+        raise Stop(2, f"no instructor source for {unknown}")
     if not stems:
-        say(f"error: nothing to grade: no course notebook found in {submissions} (read as {intake.format}; "
-            f"{len(entries)} student(s)); expected {', '.join(platforms.FORMATS[1:])} exports "
-            f"(see --format) holding {', '.join(sorted(sources))}.ipynb")
-        return 1
-    everyone = sorted(set(entries) | set(info))
-    mine = sorted(s for s in everyone if shard_of(s, n) == k)
+        raise Stop(1, f"nothing to grade: no course notebook found in {submissions} (read as {intake.format}; "
+                      f"{len(entries)} student(s)); expected {', '.join(platforms.FORMATS[1:])} exports "
+                      f"(see --format) holding {', '.join(sorted(sources))}.ipynb")
+    return Class(submissions, intake.format, entries, info, matched, stems, sorted(set(entries) | set(info)))
+
+
+def set_up(cls: Class, sources: dict[str, Path], solutions: Path, settings: Settings, workers: int, out: Path,
+           work: Path, force: bool, say: Say) -> Grader:
+    """The grade stage's set-up: the course directory and its releases, the sandbox probed (hiding
+    the instructor's files), the warm kernel servers."""
     base = work / "course"
-    hidden = [str(solutions.resolve()), str(base / "gradebook.db"), str(submissions), str(out / "grades.csv")]
+    hidden = [str(solutions.resolve()), str(base / "gradebook.db"), str(cls.submissions), str(out / "grades.csv")]
     warm.start()  # the warm servers import torch and nbgrader while the course is set up
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         probe = pool.submit(isolation_status, settings, hidden)  # starts a sandboxed Python: also seconds
-        course = Course(base, {s: sources[s] for s in stems})
-        releases = {stem: course.generate(stem) for stem in stems}
+        course = Course(base, {s: sources[s] for s in cls.stems})
+        releases = {stem: course.generate(stem) for stem in cls.stems}
         isolated, isolation = probe.result()
-    source_nbs = {stem: notebooks.read(sources[stem]) for stem in stems}
+    source_nbs = {stem: notebooks.read(sources[stem]) for stem in cls.stems}
     max_points = {stem: notebooks.max_points(nb) for stem, nb in source_nbs.items()}
     settings.isolate = isolated
     say(f"isolation: {isolation}")
     warm.ensure()
     say(f"kernels: {warm.status()}")
-    workers = max(1, workers or os.cpu_count() or 1)
     threads = max(1, (os.cpu_count() or 1) // workers)
+    return Grader(base, work, out, releases, source_nbs, max_points, settings, threads, isolation, force)
 
-    cache_dir, fb_dir = out / ".cache", out / "feedback"
 
-    def grade_one(item, progress=None) -> Row:
-        student, stem, path, note, digest, late = item
-        cached = cache_dir / student / f"{stem}.json"
-        if not force and cached.is_file():
-            c = json.loads(cached.read_text())
-            if c.get("digest") == digest and (c["status"] not in ("ok", "needs_review")
-                                              or (fb_dir / student / f"{stem}.html").is_file()):
-                row = Row(**c["row"])
-                row.late = late
-                if progress:
-                    progress.step(row, cached=True)
-                return row
-        t = time.perf_counter()
-        row = _grade_one(student, stem, path, note, releases[stem], source_nbs[stem], base, work,
-                         fb_dir if student != CANARY else work / "canary-feedback", settings, max_points[stem], threads)
-        row.seconds, row.late = time.perf_counter() - t, late
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps({"digest": digest, "status": row.status, "row": dataclasses.asdict(row)}))
-        if progress:
-            progress.step(row)
-        return row
+def run_canary(grader: Grader, stems: list[str], sources: dict[str, Path], workers: int, say: Say) -> None:
+    """The instructor solution of each notebook, graded first with the same settings: Stop(1) naming
+    the setting to blame when it does not get full marks."""
+    checks = []
+    for stem in stems:
+        path = grader.work / "canary" / f"{stem}.ipynb"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(nbformat.writes(notebooks.fill_answers(grader.releases[stem], grader.sources[stem])),
+                        encoding="utf-8")
+        digest = hashlib.sha256(sources[stem].read_bytes() + (grader.settings.key() + VERSION).encode()).hexdigest()
+        checks.append((CANARY, stem, path, "", digest, False))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(grader.grade, checks))
+    for row in results:
+        auto = notebooks.auto_points(grader.sources[row.notebook])
+        if row.status not in ("ok", "needs_review") or row.score < auto:
+            raise Stop(1, f"the instructor solution of {row.notebook} got {row.score:g}/{auto:g} "
+                          f"({row.status}: {row.reason[:300]}) with these settings, so no student was graded; "
+                          f"likely cause: {canary_hint(row)}. (--no-canary skips this check.)")
+    say("canary: the instructor solution of " + ", ".join(stems) + " gets full marks with these settings")
 
-    phases = {"setup": time.perf_counter() - t0}
-    if canary:
-        checks = []
-        for stem in stems:
-            path = work / "canary" / f"{stem}.ipynb"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(nbformat.writes(notebooks.fill_answers(releases[stem], source_nbs[stem])), encoding="utf-8")
-            digest = hashlib.sha256(sources[stem].read_bytes() + (settings.key() + VERSION).encode()).hexdigest()
-            checks.append((CANARY, stem, path, "", digest, False))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            results = list(pool.map(grade_one, checks))
-        for row in results:
-            auto = notebooks.auto_points(source_nbs[row.notebook])
-            if row.status not in ("ok", "needs_review") or row.score < auto:
-                say(f"error: the instructor solution of {row.notebook} got {row.score:g}/{auto:g} "
-                    f"({row.status}: {row.reason[:300]}) with these settings, so no student was graded; "
-                    f"likely cause: {canary_hint(row)}. (--no-canary skips this check.)")
-                return 1
-        say("canary: the instructor solution of " + ", ".join(stems) + " gets full marks with these settings")
 
-    phases["canary"] = time.perf_counter() - t0 - phases["setup"]
+def plan(cls: Class, mine: list[str], grader: Grader, sources: dict[str, Path]) -> tuple[list[Row], list[tuple]]:
+    """The rows of notebooks not handed in (``missing``), and the submissions to grade, each with
+    the digest that keys its cached result."""
     rows: list[Row] = []
     todo = []
     for student in mine:
-        entry = entries.get(student)
-        found, ignored = matched.get(student, ({}, []))
+        entry = cls.entries.get(student)
+        found, ignored = cls.matched.get(student, ({}, []))
         late = bool(entry and entry.late)
         notes = (entry.notes if entry else []) + [i for i in ignored if ".ipynb" in i]
-        for stem in stems:
+        for stem in cls.stems:
             if stem not in found:
                 why = "nothing handed in" if entry is None else f"no {stem}.ipynb handed in"
-                rows.append(Row(student, stem, 0.0, max_points[stem], "missing", "; ".join([why] + notes), late))
+                rows.append(Row(student, stem, 0.0, grader.max_points[stem], "missing", "; ".join([why] + notes), late))
                 continue
             path, note = found[stem]
             note = "; ".join([n for n in [note] if n] + notes)
             digest = hashlib.sha256(path.read_bytes() + sources[stem].read_bytes()
-                                    + (settings.key() + VERSION + note).encode()).hexdigest()
+                                    + (grader.settings.key() + VERSION + note).encode()).hexdigest()
             todo.append((student, stem, path, note, digest, late))
-    progress = Progress(len(todo) + len(rows), say)
-    for r in rows:
+    return rows, todo
+
+
+def grade_all(grader: Grader, missing: list[Row], todo: list[tuple], workers: int, say: Say) -> list[Row]:
+    """Every submission of ``todo`` graded (or taken from the cache), ``workers`` at a time, with a
+    progress line for each row (the ``missing`` ones first)."""
+    progress = Progress(len(todo) + len(missing), say)
+    for r in missing:
         progress.step(r)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        rows += list(pool.map(lambda item: grade_one(item, progress), todo))
-    if marks is not None:
-        for line in review.apply(rows, marks, fb_dir):
-            say(line)
-    write_csv(rows, out / "grades.csv")
-    (out / "students.json").write_text(json.dumps(
-        {sid: dataclasses.asdict(s) for sid, s in info.items() if sid in mine}, indent=1, sort_keys=True))
-    review.save_answers(rows, out)
-    from .gradebook import write_all
+        return list(pool.map(lambda item: grader.grade(item, progress), todo))
 
-    write_all(out, say=say)
-    # shard and class (every student of every shard, the notebooks): merge checks completeness against them
-    meta = {"class": {"students": everyone, "notebooks": stems}, "format": intake.format, "isolation": isolation,
-            "isolated": isolated, "kernels": warm.status(), "workers": workers,
-            "shard": f"{k}/{n}", "settings": dataclasses.asdict(settings), "seconds": time.perf_counter() - t0,
-            "phases": dict(phases, students=time.perf_counter() - t0 - sum(phases.values())),
-            "graded": len(todo), "rows": len(rows), "canary": canary,
-            "per_notebook_seconds": {f"{r.student}/{r.notebook}": round(r.seconds, 2) for r in rows if r.seconds},
-            "per_notebook_timing": {f"{r.student}/{r.notebook}": {k: round(v, 3) for k, v in r.timing.items()}
-                                    for r in rows if r.timing}}
-    (out / "grading.json").write_text(json.dumps(meta, indent=1))
-    if not os.environ.get("KVREF_KEEP_WORK"):  # debugging: keep OUT/.work (job logs, course dirs)
-        shutil.rmtree(work, ignore_errors=True)
+
+def finish(rows: list[Row], todo: list[tuple], shard: tuple[int, int], isolation: str, workers: int, t0: float,
+           out: Path, say: Say) -> int:
+    """The summary table and the exit status: 1 when the shard had nothing to grade or every graded
+    notebook ended in ``error``."""
     say(summary(rows) if rows else "no submissions")
     say(f"isolation: {isolation}")
     say(f"{len(rows)} row(s) ({len(todo)} notebook(s) graded or cached) in {time.perf_counter() - t0:.0f} s "
         f"with {workers} worker(s); wrote {out / 'grades.csv'}")
     graded = [r for r in rows if r.status != "missing"]
     if not todo:
-        say(f"error: nothing to grade in this shard ({k}/{n}): every row is `missing`")
+        say(f"error: nothing to grade in this shard ({shard[0]}/{shard[1]}): every row is `missing`")
         return 1
     if graded and all(r.status == "error" for r in graded):
         say(f"error: every graded notebook ended with status `error` (first reason: {graded[0].reason[:300]})")
         return 1
     return 0
-
-
-def _grade_one(student, stem, path, note, release, source, base, work, fb_dir, settings: Settings, max_score, threads) -> Row:
-    notes = [note] if note else []
-    try:
-        nb, repairs = preflight(path, release, source)
-    except Invalid as e:
-        return Row(student, stem, 0.0, max_score, "invalid", "; ".join(notes + [str(e)]))
-    notes += repairs
-    jobdir = Path(tempfile.mkdtemp(prefix=f"{stem}-{student}-"[:40], dir=work))
-    try:
-        _job_course(jobdir, base, stem, student, nb)
-        (jobdir / "job.json").write_text(json.dumps({
-            "stem": stem, "student": student, "threads": threads, "settings": dataclasses.asdict(settings),
-            "queued": time.time()}))
-        t = time.perf_counter()
-        result = run_job(jobdir, settings.notebook_timeout)
-        timing = dict(result.get("timing", {}), total=time.perf_counter() - t)
-        score = float(result.get("score", 0.0))
-        if result["status"] in ("ok", "needs_review"):
-            page = jobdir / "feedback.html"
-            if page.is_file():
-                dest = fb_dir / student / f"{stem}.html"
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(page, dest)
-        return Row(student, stem, score, float(result.get("max_score", max_score)), result["status"],
-                   "; ".join(notes + [r for r in [result.get("reason", "")] if r]),
-                   tests=result.get("tests", []), manual=result.get("manual", {}), timing=timing)
-    finally:
-        if not os.environ.get("KVREF_KEEP_WORK"):
-            shutil.rmtree(jobdir, ignore_errors=True)

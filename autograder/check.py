@@ -16,7 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import notebooks
+from . import notebooks, warm
+from .grading import Settings, _grade_one, isolation_status
+from .course import STEM_RE, Course, cell_timeout
 from .results import Say
 
 
@@ -28,10 +30,6 @@ def check(path: Path, release: Path | None = None, settings=None, say: Say = _pr
     """Grade ``path`` against the visible tests of ``release`` (default: the file itself, whose
     locked cells are then taken as they are). Returns 0 when every visible test passes, 1 when
     one fails or the notebook could not be run, 2 on a usage error."""
-    from .batch import Settings, _grade_one, isolation_status
-    from .commands import STEM_RE
-    from .course import Course, cell_timeout
-
     path = Path(path)
     if not path.is_file() or path.suffix != ".ipynb":
         say(f"error: {path} is not a notebook file (.ipynb)")
@@ -44,8 +42,6 @@ def check(path: Path, release: Path | None = None, settings=None, say: Say = _pr
     settings = settings or Settings()
     if not settings.cell_timeout:
         settings.cell_timeout = cell_timeout()
-    from . import warm
-
     warm.start()  # the warm servers import torch and nbgrader while the course is set up
     work = Path(tempfile.mkdtemp(prefix="kvcheck-"))
     try:

@@ -5,30 +5,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 from . import notebooks
-from .course import ROOT, Course, cell_timeout
-
-SOLUTIONS = ROOT / "solutions"
-NOTEBOOKS = ROOT / "notebooks"
-STEM_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+$")  # NN_topic
-STUDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")  # becomes a path and a CSV cell
-
-Say = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def solution_files(solutions: Path = SOLUTIONS) -> dict[str, Path]:
-    """{stem: path} for solutions/NN_topic.ipynb."""
-    return {p.stem: p for p in sorted(Path(solutions).glob("*.ipynb")) if STEM_RE.match(p.stem)}
+from .batch import grade_batch
+from .grading import Settings
+from .check import check
+from .course import NOTEBOOKS, ROOT, SOLUTIONS, STEM_RE, Course, cell_timeout, solution_files  # noqa: F401
+from .gradebook import feedback_zip
+from .gradescope import build as build_gradescope, run as run_gradescope
+from .results import Say, _stderr
+from .review import review
+from .student import build_edition
 
 
 def stable_ids(released: notebooks.NotebookNode, source_path: Path, stem: str) -> None:
@@ -102,8 +91,6 @@ def release(solutions: Path = SOLUTIONS, dest: Path = NOTEBOOKS, check: bool = F
 # The batch grader lives in batch.py (sandboxed jobs, cache, shards), with intake.py (submissions,
 # preflight), feedback.py (the student's page) and results.py (grades.csv, merge).
 
-from .batch import grade_batch  # noqa: E402
-
 
 def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
@@ -148,39 +135,26 @@ def add_course_commands(sub) -> None:
 
 
 def _review(args) -> int:
-    from .review import review
-
     return review(args.out, args.solutions)
 
 
 def _feedback_zip(args) -> int:
-    from .gradebook import feedback_zip
-
     return feedback_zip(args.out, args.output)
 
 
 def _check(args) -> int:
-    from .batch import Settings
-    from .check import check
-
     return check(args.notebook, args.release, Settings(isolate=not args.no_sandbox))
 
 
 def _gradescope(args) -> int:
-    from .gradescope import build
-
-    return build(args.stem, args.output, args.solutions)
+    return build_gradescope(args.stem, args.output, args.solutions)
 
 
 def _gradescope_run(args) -> int:
-    from .gradescope import run
-
-    return run(args.root)
+    return run_gradescope(args.root)
 
 
 def _student(args) -> int:
-    from .student import build_edition
-
     return build_edition(args.dest)
 
 

@@ -24,26 +24,34 @@ root on PYTHONPATH, so kernels import this checkout's ``kvref``.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
 import multiprocessing
 import os
+import re
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import nbformat
 from nbformat import NotebookNode
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
-from . import notebooks
+from . import notebooks, warm
+from .warm import kernel_environment  # noqa: F401  (the kernels' environment, imported from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_FILE = Path(__file__).resolve().with_name("nbgrader_config.py")
+SOLUTIONS = ROOT / "solutions"  # the instructor sources
+NOTEBOOKS = ROOT / "notebooks"  # the student notebooks made from them (``release``)
+STEM_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+$")  # NN_topic
+
+
+def solution_files(solutions: Path = SOLUTIONS) -> dict[str, Path]:
+    """{stem: path} for solutions/NN_topic.ipynb."""
+    return {p.stem: p for p in sorted(Path(solutions).glob("*.ipynb")) if STEM_RE.match(p.stem)}
 
 
 def load_config() -> Config:
@@ -53,49 +61,6 @@ def load_config() -> Config:
 
 def cell_timeout() -> float:
     return float(load_config().Execute.timeout)
-
-
-# pytest's variables (and the Makefile's PYTEST_ARGS): ipykernel turns off its capture of C-level
-# stderr when it sees PYTEST_CURRENT_TEST, so a kernel started from a test would not lose the points
-# that the same cell loses under `make grade`. Kernels see none of the PYTEST* names.
-PYTEST_PREFIX = "PYTEST"
-
-
-@contextlib.contextmanager
-def kernel_environment() -> Iterator[None]:
-    """Environment for nbgrader and the kernels it starts (the same under the tests as under
-    ``make grade``); restored afterwards. With warm servers running (``warm.ensure``), the
-    plain ``python3`` kernel and the grading jobs start warm."""
-    from . import warm
-
-    bindir = str(Path(sys.executable).parent)
-    wanted: dict[str, str | None] = {
-        "PATH": os.pathsep.join([bindir, os.environ.get("PATH", "")]),
-        "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p),
-        "MPLBACKEND": "Agg",
-        "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # no debugger banner on the kernel's stderr
-    }
-    wanted.update({k: None for k in os.environ if k.startswith(PYTEST_PREFIX)})
-    if warm._servers is not None and warm._servers.ready:
-        wanted[warm.ENV_SOCKET] = warm._servers.env_value()
-    if not os.environ.get("JUPYTER_PATH"):  # a grading job sets its own (sandboxed) kernel spec
-        spec = warm.kernel_spec_dir()
-        if spec:
-            wanted["JUPYTER_PATH"] = spec
-    saved = {k: os.environ.get(k) for k in wanted}
-    for k, v in wanted.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def quiet_nbgrader() -> None:
@@ -208,8 +173,6 @@ class Course:
         """Autograde every submission of ``stem`` (or one student's). A submission that nbgrader
         cannot process is skipped (it then has no autograded notebook); nbgrader's result dict,
         with its log, is returned rather than raised, so one bad submission never stops the batch."""
-        from . import warm
-
         warm.ensure(("kernel",))  # kernels fork from this process's warm server (grading jobs: the grader's)
         return self._run(f"autograde {stem}", self.api.autograde, stem, student, check=False)
 
@@ -337,8 +300,6 @@ def _grade_clone(root: str, feedback: bool, threads: int) -> dict[str, dict]:
     """Worker process: autograde everything submitted in one clone (see ``Course.autograde_all``)."""
     quiet_nbgrader()
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)  # for the kernels: share the cores
-    from . import warm
-
     course = Course(root)
     out = {}
     try:

@@ -1,6 +1,7 @@
 """Grades back out: one row per student, the LMS import files, and the feedback pages in one zip.
 
-Written by every ``grade`` run next to grades.csv (from OUT/grades.csv and OUT/students.json):
+``write_outputs`` writes the files of an OUT folder (``grade`` and ``merge ... -o FOLDER`` call it):
+grades.csv, rows.json, students.json, answers.json, grading.json, and from the first two:
 
 - ``gradebook.csv``: student, name, email, lms_id, section, a column per notebook, total,
   max_total, percent, flags (late, and each notebook not ``ok``);
@@ -19,11 +20,13 @@ class, so its "upload multiple feedback files in a zip" finds each student).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import zipfile
 from pathlib import Path
 
-from .results import Row, Say, _stderr, read_csv
+from .results import ROWS_JSON, Row, Say, _stderr, read_csv, write_csv, write_rows
+from .review import save_answers
 
 
 def _students(out: Path) -> dict[str, dict]:
@@ -37,6 +40,18 @@ def _table(rows: list[Row]) -> tuple[list[str], dict[str, dict[str, Row]]]:
     for r in rows:
         by_student.setdefault(r.student, {})[r.notebook] = r
     return stems, by_student
+
+
+def write_outputs(out: Path, rows: list[Row], info: dict, meta: dict, say: Say = _stderr) -> None:
+    """Everything a graded OUT holds besides the feedback pages: the sheets from ``rows``, the
+    students' names (``info``: {id: platforms.Student or its dict}) and ``meta`` as grading.json."""
+    write_csv(rows, out / "grades.csv")
+    write_rows(rows, out / ROWS_JSON)
+    people = {sid: s if isinstance(s, dict) else dataclasses.asdict(s) for sid, s in info.items()}
+    (out / "students.json").write_text(json.dumps(people, indent=1, sort_keys=True))
+    save_answers(rows, out)
+    write_all(out, say=say)
+    (out / "grading.json").write_text(json.dumps(meta, indent=1))
 
 
 def write_all(out: Path, say: Say = _stderr) -> None:

@@ -25,8 +25,9 @@ import time
 import zipfile
 from pathlib import Path
 
+from .batch import grade_batch
 from .course import ROOT
-from .results import Say, _stderr
+from .results import Say, _stderr, read_csv
 
 SETUP = """#!/usr/bin/env bash
 # Gradescope runs this once when it builds the autograder image.
@@ -88,8 +89,6 @@ def _results(score: float, output: str, tests: list[dict], seconds: float) -> di
 
 def run(root: Path, say: Say = _stderr) -> int:
     """Grade ROOT/submission into ROOT/results/results.json (always written, also on failure)."""
-    from .batch import grade_batch
-
     t0 = time.perf_counter()
     root = Path(root)
     stem = json.loads((root / "source" / "gradescope.json").read_text())["notebook"]
@@ -112,8 +111,6 @@ def run(root: Path, say: Say = _stderr) -> int:
         cached = work / "out" / ".cache" / "student" / f"{stem}.json"
         row = json.loads(cached.read_text())["row"] if cached.is_file() else None
         if row is None:
-            from .results import read_csv
-
             rows = read_csv(work / "out" / "grades.csv") if (work / "out" / "grades.csv").is_file() else []
             row = rows and vars(rows[0]) or {"score": 0, "status": "error", "reason": " | ".join(lines[-3:]),
                                                "tests": []}

@@ -18,7 +18,8 @@ from typing import Iterable
 import nbformat
 
 from . import notebooks
-from .results import Say, _stderr
+from .platforms import candidate_files
+from .rows import Say, _stderr
 
 STUDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 MAX_NOTEBOOK_MB = 20  # a bigger file is not a hand-written notebook (stored outputs are cleared anyway)
@@ -78,8 +79,6 @@ def match_files(folder: Path, stems: Iterable[str], grade_ids: dict[str, set[str
     ``03-Memory.ipynb``, ``alice_03_memory.ipynb``) or, failing that, by its content (the grade
     ids of its cells). Only files at the top of the folder or under notebooks/ count
     (``platforms.ANSWER_PLACES``): a notebook under solutions/ or tests/ is never the answer."""
-    from .platforms import candidate_files
-
     stems = sorted(stems)
     files, ignored = candidate_files(folder)
     found: dict[str, tuple[Path, str]] = {}

@@ -1,4 +1,4 @@
-"""One grading job: ``python -m autograder.job JOBDIR`` (started by ``batch.run_job``).
+"""One grading job: ``python -m autograder.job JOBDIR`` (started by ``grading.run_job``).
 
 JOBDIR/job.json says what to grade; JOBDIR/course is a private nbgrader course directory with
 this one submission and a copy of the gradebook. The kernel starts through

@@ -1,49 +1,32 @@
-"""The grade sheet: one ``Row`` per student and notebook, ``grades.csv``, the summary table, and
-``merge`` for the sheets of several shards."""
+"""The grade sheet: one ``Row`` per student and notebook, ``grades.csv``, rows.json, the summary table,
+the shard of a student, and ``merge`` for the sheets of several shards."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import os
-import sys
 from pathlib import Path
-from typing import Callable
 
-STATUSES = {
-    "ok": "graded; the score is what the tests gave (the reason lists lost points and repairs)",
-    "missing": "the student handed in no notebook of this name",
-    "invalid": "the file is not a notebook nbgrader can read (not JSON, not nbformat, too large)",
-    "timeout": "stopped: a cell ignored the interrupt after the per-cell limit, or the notebook ran past the "
-               "per-notebook wall-clock limit",
-    "error": "nbgrader could not grade it (for example the kernel died); see the reason",
-    "needs_review": "graded automatically; free-text answers wait for a person (`review`, then `grade --manual`): "
-                    "the score holds the automatic points so far",
-}
+from .rows import STATUSES, Row, Say, _stderr
+
+__all__ = ["STATUSES", "Row", "Say", "Shards", "gather", "merge", "read_csv", "read_rows", "shard_of", "summary",
+           "write_csv", "write_rows"]  # STATUSES, Row, Say: imported here from rows.py
+
 CSV_FIELDS = ["student", "notebook", "score", "max_score", "status", "reason", "late"]
-
-Say = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+ROWS_JSON = "rows.json"  # OUT/rows.json: every row in full (per-test results, seconds), for `report` and `merge`
 
 
-@dataclasses.dataclass
-class Row:
-    student: str
-    notebook: str
-    score: float
-    max_score: float
-    status: str = "ok"
-    reason: str = ""
-    late: bool = False
-    seconds: float = 0.0  # not in the CSV
-    tests: list = dataclasses.field(default_factory=list)  # [{name, score, max_score, output}], not in the CSV
-    manual: dict = dataclasses.field(default_factory=dict)  # {grade_id: {max_score, answer}}, not in the CSV
-    timing: dict = dataclasses.field(default_factory=dict)  # where the seconds went (job.py), not in the CSV
+def write_rows(rows: list[Row], path: Path) -> None:
+    """Every field of every row (the CSV keeps only the sheet's columns), sorted like grades.csv."""
+    data = [dataclasses.asdict(r) for r in sorted(rows, key=lambda r: (r.student, r.notebook))]
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
 
+
+def read_rows(path: Path) -> list[Row]:
+    return [Row(**r) for r in json.loads(path.read_text(encoding="utf-8"))]
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
@@ -75,26 +58,41 @@ def summary(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def shard_of(student: str, n: int) -> int:
+    """1..n: a student's shard, stable across machines, runs and the order of the folder."""
+    return int(hashlib.sha256(student.encode()).hexdigest(), 16) % n + 1
+
+
 def _shard_files(p: Path) -> tuple[Path, Path]:
     """(grades.csv, grading.json) of one shard: its OUT folder, or the grades.csv in that folder."""
     return (p / "grades.csv", p / "grading.json") if p.is_dir() else (p, p.parent / "grading.json")
 
 
-def merge(inputs: list[Path], output: Path, say: Say = _stderr) -> int:
-    """Join the grades.csv of several shards (their OUT folders, or the grades.csv in them) into one.
+@dataclasses.dataclass
+class Shards:
+    """The checked rows of a whole class, gathered from the OUT folders of its shards."""
+    rows: dict[tuple[str, str], Row]
+    folders: dict[int, Path]  # shard K -> its OUT folder
+    metas: dict[int, dict]  # shard K -> its grading.json
+    n: int
+    students: list[str]
+    stems: list[str]
 
-    Every shard's grading.json names its shard K/N and the whole class (students, notebooks), so the
-    merge knows what a complete sheet holds. Anything short of every student and notebook exactly
-    once is refused with exit status 1 and nothing written: a shard whose task failed (no
-    grades.csv) has its students named; overlapping shards, a shard given twice and shards of
-    different classes are errors too.
+
+def gather(inputs: list[Path]) -> tuple[Shards | None, list[str]]:
+    """The rows of every shard in ``inputs`` (their OUT folders, or the grades.csv in them), or the
+    problems that keep them from being the whole class exactly once.
+
+    Every shard's grading.json names its shard K/N and the whole class (students, notebooks), so
+    this knows what a complete sheet holds: a shard whose task failed (no grades.csv) has its
+    students named; overlapping shards, a shard given twice and shards of different classes are
+    problems too.
     """
-    from .batch import shard_of  # batch imports this module
-
     problems: list[str] = []
     rows: dict[tuple[str, str], Row] = {}
     overlaps: list[str] = []
     given: dict[int, Path] = {}  # shard K -> input
+    metas: dict[int, dict] = {}
     classes: dict[str, Path] = {}  # the class as JSON -> first input cut from it
     for p in map(Path, inputs):
         csv_path, meta_path = _shard_files(p)
@@ -114,7 +112,7 @@ def merge(inputs: list[Path], output: Path, say: Say = _stderr) -> int:
         if k in given:
             problems.append(f"shard {k}/{n} is given twice: {given[k]} and {p}")
             continue
-        given[k] = p
+        given[k], metas[k] = p, meta
         for r in read_csv(csv_path):
             key = (r.student, r.notebook)
             if key in rows:
@@ -140,13 +138,32 @@ def merge(inputs: list[Path], output: Path, say: Say = _stderr) -> int:
     elif not problems:
         problems.append("no inputs")
     if problems:
-        for msg in problems:
-            say(f"error: {msg}")
-        say(f"nothing written to {output}: the merged sheet would not hold the whole class")
-        return 1
+        return None, problems
+    folders = {k: p if p.is_dir() else p.parent for k, p in given.items()}
+    return Shards(rows, folders, metas, n, students, stems), []
+
+
+def refuse(problems: list[str], output: Path, say: Say) -> int:
+    for msg in problems:
+        say(f"error: {msg}")
+    say(f"nothing written to {output}: the merged sheet would not hold the whole class")
+    return 1
+
+
+def merged_line(shards: Shards, inputs: list[Path], output: Path) -> str:
+    return (f"merged {len(shards.rows)} row(s) from {len(inputs)} input(s) into {output}: {len(shards.students)} "
+            f"student(s) x {len(shards.stems)} notebook(s), {len(shards.folders)} shard(s) of {shards.n}")
+
+
+def merge(inputs: list[Path], output: Path, say: Say = _stderr) -> int:
+    """Join the grades.csv of several shards (their OUT folders, or the grades.csv in them) into one
+    sheet, ``output``. Anything short of every student and notebook exactly once (see ``gather``) is
+    refused with exit status 1 and nothing written. ``merge.merge_into`` writes a whole OUT folder."""
+    shards, problems = gather(inputs)
+    if shards is None:
+        return refuse(problems, output, say)
     output.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(list(rows.values()), output)
-    say(summary(list(rows.values())) if rows else "no rows")
-    say(f"merged {len(rows)} row(s) from {len(inputs)} file(s) into {output}: {len(students)} student(s) x "
-        f"{len(stems)} notebook(s), {len(given)} shard(s) of {n}")
+    write_csv(list(shards.rows.values()), output)
+    say(summary(list(shards.rows.values())) if shards.rows else "no rows")
+    say(merged_line(shards, inputs, output))
     return 0

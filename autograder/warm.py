@@ -27,8 +27,10 @@ needs threads. ``KVREF_WARM=0`` turns warm kernels off.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import runpy
 import select
 import shutil
 import signal
@@ -38,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 CLIENT = Path(__file__).resolve().with_name("warm_client.py")
 ROOT = CLIENT.parents[1]
@@ -61,6 +64,47 @@ def enabled() -> bool:
 
 def threads() -> int:
     return len(os.listdir("/proc/self/task"))
+
+
+# pytest's own variables: ipykernel turns off its capture of C-level stderr when it sees
+# PYTEST_CURRENT_TEST, so a kernel started from a test would not lose the points that the same
+# cell loses under `make grade`. Kernels never see them.
+PYTEST_PREFIX = "PYTEST"  # and the Makefile's PYTEST_ARGS: kernels see none of these names
+
+
+@contextlib.contextmanager
+def kernel_environment() -> Iterator[None]:
+    """Environment for nbgrader and the kernels it starts (the same under the tests as under
+    ``make grade``); restored afterwards. With warm servers running (``warm.ensure``), the
+    plain ``python3`` kernel and the grading jobs start warm."""
+    bindir = str(Path(sys.executable).parent)
+    wanted: dict[str, str | None] = {
+        "PATH": os.pathsep.join([bindir, os.environ.get("PATH", "")]),
+        "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p),
+        "MPLBACKEND": "Agg",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # no debugger banner on the kernel's stderr
+    }
+    wanted.update({k: None for k in os.environ if k.startswith(PYTEST_PREFIX)})
+    if _servers is not None and _servers.ready:
+        wanted[ENV_SOCKET] = _servers.env_value()
+    if not os.environ.get("JUPYTER_PATH"):  # a grading job sets its own (sandboxed) kernel spec
+        spec = kernel_spec_dir()
+        if spec:
+            wanted["JUPYTER_PATH"] = spec
+    saved = {k: os.environ.get(k) for k in wanted}
+    for k, v in wanted.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 # -- the server ------------------------------------------------------------------------------------
@@ -213,14 +257,9 @@ def _become(kind: str, argv: list[str], env: dict) -> None:
             # (handle 1), the monitor kills it when the client goes. (The trait's default was read
             # when the server imported ipykernel, so it is set here.)
             kernelapp.IPKernelApp.launch_instance(argv[3:], parent_handle=1, interrupt=0)
-        else:
-            from . import job
-
-            sys.argv = [job.__file__, *argv[3:]]
-            from .course import kernel_environment
-
-            with kernel_environment():
-                code = job.main(Path(argv[3]))
+        else:  # `python -m MODULE ARGS...` (a grading job): run MODULE as __main__, as Python does
+            sys.argv = [argv[2], *argv[3:]]  # runpy puts the module's file name in argv[0]
+            runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001
@@ -271,8 +310,6 @@ class Servers:
 
     def add(self, kinds: tuple[str, ...]) -> None:
         """Start the servers of ``kinds`` not started yet (in the background)."""
-        from .course import kernel_environment
-
         with kernel_environment():
             env = dict(os.environ, **SINGLE_THREAD)
         env.pop(ENV_SOCKET, None)

@@ -3,6 +3,7 @@
     python scripts/slurm_check.py class DEST N               a class of a few students x two notebooks
     python scripts/slurm_check.py shards CLASS GRADED N      every student graded exactly once, shards disjoint
     python scripts/slurm_check.py same MERGED SINGLE         the merged sheet equals the single-machine one
+    python scripts/slurm_check.py folders MERGED SINGLE SHARD...   `merge -o FOLDER` equals the single-machine OUT
     python scripts/slurm_check.py states JOBCOMP SACCT JOBID K=STATE ...
                                                              sacct's state of each array task of JOBID
     python scripts/slurm_check.py named MESSAGE CLASS N K    the merge's error names exactly shard K's students
@@ -12,8 +13,10 @@ Each prints one line saying what it checked, or "FAILED: ..." and exits 1.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+import zipfile
 from pathlib import Path
 
 import nbformat
@@ -25,7 +28,10 @@ from autograder import notebooks  # noqa: E402
 from autograder.batch import shard_of  # noqa: E402
 from autograder.bench import wrong_answers  # noqa: E402
 from autograder.commands import SOLUTIONS  # noqa: E402
+from autograder.gradebook import feedback_zip  # noqa: E402
+from autograder.report import report  # noqa: E402
 from autograder.results import read_csv  # noqa: E402
+from autograder.review import review  # noqa: E402
 
 # The two cheapest chapters to grade (docs/benchmarks.md: about 5 s per notebook each).
 STEMS = ("03_memory", "05_paging")
@@ -100,6 +106,56 @@ def check_same(merged: Path, single: Path) -> None:
           f"scores {', '.join(sorted({f'{r.score:g}' for r in rows}))})")
 
 
+SAME_FILES = ["grades.csv", "students.json", "answers.json", "gradebook.csv", "canvas_import.csv",
+              "moodle_import.csv", "review/review.csv", "report/tests.csv"]
+SAME_META = ["class", "shard", "format", "settings", "isolated", "canary", "graded", "rows"]
+
+
+def check_folders(merged: Path, single: Path, shards: list[Path]) -> None:
+    """Everything `grade` wrote into SINGLE is in MERGED (from SHARDS) with the same contents, apart from times and
+    paths; `review`, `feedback-zip` and `report` give the same on both."""
+    for out in (merged, single):
+        quiet = [].append
+        if review(out, SOLUTIONS, say=quiet) or feedback_zip(out, say=quiet) or report(out, say=quiet):
+            fail(f"review, feedback-zip or report failed on {out}")
+    for name in SAME_FILES:
+        if (merged / name).read_bytes() != (single / name).read_bytes():
+            fail(f"{merged / name} differs from {single / name}")
+
+    def rows(out: Path) -> str:  # every field but the times, object addresses taken out
+        return re.sub(r"0x[0-9a-f]+", "0x", json.dumps([{k: v for k, v in r.items() if k not in ("seconds", "timing")}
+                                                       for r in json.loads((out / "rows.json").read_text())]))
+
+    if rows(merged) != rows(single):
+        fail("rows.json: the rows (per-test results included) differ beyond their times")
+    meta = [json.loads((out / "grading.json").read_text()) for out in (merged, single)]
+    differ = [k for k in SAME_META if meta[0].get(k) != meta[1].get(k)]
+    if differ or set(meta[0]["per_notebook_seconds"]) != set(meta[1]["per_notebook_seconds"]):
+        fail(f"grading.json differs in {differ or 'per_notebook_seconds'}")
+
+    # A feedback page holds what the kernel sent, so two gradings of one notebook differ in widget ids and in how
+    # printed text was cut into messages: the merged pages are the shards' own, byte for byte, and they give the
+    # single machine's scores (the title's total and every graded cell's).
+    shard_pages = {p.relative_to(d).as_posix(): p.read_bytes() for d in shards for p in (d / "feedback").rglob("*.html")}
+    merged_pages = {p.relative_to(merged).as_posix(): p.read_bytes() for p in (merged / "feedback").rglob("*.html")}
+    if merged_pages != shard_pages:
+        fail(f"the merged feedback pages are not the shards': {sorted(merged_pages)} vs {sorted(shard_pages)}")
+
+    def scores(out: Path) -> dict[str, list[str]]:
+        return {p.relative_to(out).as_posix(): re.findall(r"score: [\d.]+ / [\d.]+|: [\d.]+ / [\d.]+</h1>", p.read_text())
+                for p in sorted((out / "feedback").rglob("*.html"))}
+
+    if scores(merged) != scores(single):
+        fail(f"feedback pages: {scores(merged)} vs the single machine's {scores(single)}")
+    with zipfile.ZipFile(merged / "feedback.zip") as a, zipfile.ZipFile(single / "feedback.zip") as b:
+        if a.namelist() != b.namelist():
+            fail(f"feedback.zip: {a.namelist()} vs {b.namelist()}")
+    tests = (merged / "report" / "tests.csv").read_text().count("\n") - 1
+    print(f"merged folder == single machine folder: {', '.join(SAME_FILES)}, rows.json apart from times, "
+          f"grading.json ({', '.join(SAME_META)}), {len(merged_pages)} feedback page(s) (scores) and feedback.zip; "
+          f"the report's {tests} test(s) the same")
+
+
 def check_states(jobcomp: Path, sacct: Path, jobid: str, expected: list[str]) -> None:
     # sacct -c (job completion data, as there is no slurmdbd) shows each array task under its own raw job
     # id; Slurm 22.05's reader drops the ArrayJobId/ArrayTaskId fields that jobcomp/filetxt writes, so the
@@ -138,6 +194,8 @@ def main(argv: list[str]) -> None:
         check_shards(Path(args[0]), Path(args[1]), int(args[2]))
     elif cmd == "same":
         check_same(Path(args[0]), Path(args[1]))
+    elif cmd == "folders":
+        check_folders(Path(args[0]), Path(args[1]), [Path(a) for a in args[2:]])
     elif cmd == "states":
         check_states(Path(args[0]), Path(args[1]), args[2], args[3:])
     elif cmd == "named":

@@ -13,7 +13,8 @@
 #
 # Steps: a class of 4 students x 2 notebooks; `make grade` of it on this machine; the array job with
 # --array=1-3 (each task 1 CPU); sacct shows tasks 1-3 COMPLETED; each student is in exactly one shard, graded
-# once; the merge equals the single-machine sheet byte for byte. Then a failing task: shard 2's output folder
+# once; the merge equals the single-machine sheet byte for byte, and `merge -o FOLDER` the single machine's OUT
+# (sheets, gradebook, LMS import files, feedback pages, review sheet, report). Then a failing task: shard 2's output folder
 # cannot be made (a file is in the way: root writes into any folder), sacct shows task 2 FAILED, the merge
 # exits 1 naming shard 2's students and writes nothing; `sbatch --array=2` re-runs that shard and the merge
 # then equals the single-machine sheet. Exit status 0 when every check passed.
@@ -195,6 +196,9 @@ states "$JOB" 1=COMPLETED 2=COMPLETED 3=COMPLETED || { tail -n 20 "$WORK"/out/* 
 "$PY" -m autograder merge "$WORK"/graded/shard-* -o "$WORK/graded/grades.csv" 2>"$WORK/merge.log" \
   || { cat "$WORK/merge.log" >&2; die "merge"; }
 "$PY" scripts/slurm_check.py same "$WORK/graded/grades.csv" "$WORK/single/grades.csv" >&2 || die "merged != single"
+"$PY" -m autograder merge "$WORK"/graded/shard-* -o "$WORK/graded/class" 2>"$WORK/merge.log" \
+  || { cat "$WORK/merge.log" >&2; die "merge into a folder"; }
+"$PY" scripts/slurm_check.py folders "$WORK/graded/class" "$WORK/single" "$WORK"/graded/shard-* >&2 || die "merged folder != single"
 
 # -- 2. a failing task, then re-running it ------------------------------------------------------------
 log "again, with shard 2's output folder blocked (shards 1 and 3 come from the cache)"

@@ -1,4 +1,5 @@
-"""`python -m autograder merge`: the whole class exactly once, or exit 1 with the missing students named.
+"""`python -m autograder merge`: the whole class exactly once, or exit 1 with the missing students named; into a
+folder (`-o FOLDER`), everything a single-machine `grade` writes.
 
 The shards here are written the way `make grade ... SHARD=K/N` writes them (grades.csv and the grading.json
 that names the shard and the class) but with made-up scores, so these tests take a second; the real thing,
@@ -10,14 +11,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
+from generated_class import make_rows, write_out
 
 from autograder.batch import grade_batch, shard_of
 from autograder.commands import SOLUTIONS
 from autograder.course import ROOT
+from autograder.gradebook import feedback_zip
+from autograder.merging import merge_into
+from autograder.report import report
 from autograder.results import Row, merge, read_csv, write_csv
+from autograder.review import review
 
 N = 3
 STEMS = ["03_memory", "05_paging"]
@@ -128,3 +135,73 @@ def test_grading_into_an_unwritable_out_fails_cleanly(tmp_path):
     assert grade_batch(tmp_path / "subs", tmp_path / "out" / "shard-2", SOLUTIONS, workers=1, shard="2/3",
                        say=said.append) == 1
     assert len(said) == 1 and said[0].startswith("error: cannot write the results to"), said
+
+
+# -- merge SHARD_OUT... -o FOLDER: everything a single-machine grade writes --------------------------------
+
+SAME_FILES = ["grades.csv", "rows.json", "students.json", "answers.json", "gradebook.csv", "canvas_import.csv",
+              "moodle_import.csv"]
+
+
+def files_under(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def sharded_class(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """The generated class (tests/generated_class.py) written once whole, once as N shards."""
+    rows = make_rows()
+    write_out(tmp_path / "single", rows)
+    shards = []
+    for k in range(1, N + 1):
+        mine = [r for r in rows if shard_of(r.student, N) == k]
+        assert mine, f"shard {k}/{N} of the generated class is empty: it would test nothing"
+        write_out(tmp_path / f"shard-{k}", mine, f"{k}/{N}")
+        shards.append(tmp_path / f"shard-{k}")
+    return tmp_path / "single", shards
+
+
+def test_merge_into_a_folder_equals_the_single_machine_folder(tmp_path):
+    single, shards = sharded_class(tmp_path)
+    said: list[str] = []
+    assert merge_into(shards, tmp_path / "merged", say=said.append) == 0, said
+    merged = tmp_path / "merged"
+    for name in SAME_FILES:
+        assert (merged / name).read_bytes() == (single / name).read_bytes(), name
+    assert files_under(merged / "feedback") == files_under(single / "feedback")
+    meta, single_meta = (json.loads((f / "grading.json").read_text()) for f in (merged, single))
+    for key in ("class", "shard", "format", "settings", "rows", "per_notebook_seconds"):
+        assert meta[key] == single_meta[key], key
+    assert sorted(meta["merged_from"]) == [f"{k}/{N}" for k in range(1, N + 1)]
+    # What instructors run next works on the merged folder as on the single one.
+    for out in (single, merged):
+        assert feedback_zip(out, say=lambda m: None) == 0
+        assert review(out, SOLUTIONS, say=lambda m: None) == 0
+        assert report(out, say=lambda m: None) == 0
+    for name in ("review/review.csv", "report/tests.csv"):
+        assert (merged / name).read_text() == (single / name).read_text(), name
+    pages = [(f / "report" / "index.html").read_text() for f in (merged, single)]
+    assert len({p[p.index('<h2 id="status">'):] for p in pages}) == 1  # all but the title and the shard count
+    with zipfile.ZipFile(merged / "feedback.zip") as a, zipfile.ZipFile(single / "feedback.zip") as b:
+        assert {n: a.read(n) for n in a.namelist()} == {n: b.read(n) for n in b.namelist()}
+
+
+def test_merge_into_a_folder_refuses_an_incomplete_class_or_a_shard_folder(tmp_path):
+    _, shards = sharded_class(tmp_path)
+    before = files_under(shards[0])
+    said: list[str] = []
+    status = merge_into(shards[:1] + shards[2:], tmp_path / "merged", say=said.append)
+    assert status == 1 and not (tmp_path / "merged").exists()
+    assert f"shard 2/{N}" in "\n".join(said)
+    said.clear()
+    assert merge_into(shards, shards[0], say=said.append) == 1 and "shard 1/3's folder" in "\n".join(said), said
+    assert files_under(shards[0]) == before
+
+
+def test_cli_merge_writes_a_folder_or_a_sheet(tmp_path):
+    single, shards = sharded_class(tmp_path)
+    for target in ("merged", "merged.csv"):
+        proc = subprocess.run([sys.executable, "-m", "autograder", "merge", *map(str, shards), "-o",
+                               str(tmp_path / target)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "merged.csv").read_text() == (single / "grades.csv").read_text()  # today's behaviour
+    assert (tmp_path / "merged" / "gradebook.csv").read_text() == (single / "gradebook.csv").read_text()

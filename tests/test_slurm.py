@@ -73,6 +73,7 @@ def test_readme_array_job_on_a_local_slurm_cluster(base):
     # The script's own checks each print one line; make sure every one ran.
     for line in ["sacct: array job 1: task 1 COMPLETED, task 2 COMPLETED, task 3 COMPLETED",
                  "shards: 3 disjoint sheets",
+                 "merged folder == single machine folder",
                  "task 1 COMPLETED, task 2 FAILED, task 3 COMPLETED",
                  "merge refused the incomplete class and named shard 2/3's students",
                  "task 2 COMPLETED\n"]:

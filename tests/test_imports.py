@@ -1,0 +1,99 @@
+"""The autograder's modules import each other in one direction: no circle, also none through an import placed
+inside a function, and each stage imports only the stages before it. The graph is read from the source with
+`ast`, so nothing is imported to build it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from autograder.course import ROOT
+
+PACKAGE = ROOT / "autograder"
+# The pipeline's stages in order; a module may import its own stage and the ones before it. A new module gets
+# its place here (the test below fails until it has one).
+STAGES = {
+    "shared": ["rows", "notebooks", "sandbox", "warm", "warm_client", "nbgrader_config", "mutants"],
+    "intake": ["platforms", "intake"],  # LMS exports, roster, late flags, preflight repairs
+    "grade": ["course", "feedback", "job", "grading"],  # course set-up, kernels, one sandboxed job
+    "record": ["results", "review"],  # rows, statuses, sheets, shards, review of free text
+    "export": ["gradebook", "merging"],  # gradebook, Canvas/Moodle import files, feedback zip, merged OUT
+    "report": ["report_stats", "report"],  # the class report
+    "top": ["batch", "check", "gradescope", "student", "bench", "mutation", "commands", "__main__"],
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The autograder modules that ``path`` imports anywhere in it (top level, functions, classes)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:  # from . import x / from .x import y
+            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograder."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.ImportFrom) and node.module == "autograder":
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("autograder.")}
+    return found
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """{module: the package's modules it imports}; the package's own __init__ is left out (it imports the
+    modules it re-exports, and none imports it back)."""
+    modules = {p.stem for p in package.glob("*.py")} - {"__init__"}
+    return {p.stem: imported_modules(p) & modules - {p.stem} for p in sorted(package.glob("*.py"))
+            if p.stem in modules}
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of ``graph`` as [a, b, ..., a], or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_autograder_has_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 10 and sum(map(len, graph.values())) > 20  # the graph was read
+    circle = find_circle(graph)
+    assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+def test_each_stage_imports_only_the_stages_before_it():
+    rank = {m: i for i, stage in enumerate(STAGES.values()) for m in stage}
+    graph = import_graph()
+    assert not set(graph) - set(rank), f"modules without a stage in STAGES: {sorted(set(graph) - set(rank))}"
+    names = list(STAGES)
+    wrong = [f"{m} ({names[rank[m]]}) imports {d} ({names[rank[d]]})" for m in sorted(graph) for d in sorted(graph[m])
+             if rank[d] > rank[m]]
+    assert not wrong, "imports against the order of the stages:\n" + "\n".join(wrong)
+
+
+def test_find_circle_sees_a_circle_through_a_function_level_import(tmp_path):
+    """The check itself: an import inside a function closes a circle as much as one at the top."""
+    (tmp_path / "a.py").write_text("from . import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .c import g\n    return g\n")
+    (tmp_path / "c.py").write_text("import os\n\ndef g():\n    from autograder.a import x\n")
+    (tmp_path / "d.py").write_text("from .a import b\n")
+    graph = import_graph(tmp_path)
+    assert graph == {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_circle(graph) == ["a", "b", "c", "a"]
+    (tmp_path / "c.py").write_text("import os\n")
+    assert find_circle(import_graph(tmp_path)) is None
