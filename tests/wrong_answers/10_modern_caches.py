@@ -29,6 +29,19 @@ WRONG = {
                          "            raise ValueError(f\"the cache holds at most {self.max_len} rows; "
                          "{self.length} held + {T} new = {end}\")\n", ""),
     ],
+    # Grows by torch.cat (a new tensor every update, the max_len check kept) while nbytes reports the size
+    # allocated in __init__: shapes, values and bytes all look right; only the buffers are not the same ones.
+    "cache_cat_not_in_place": [
+        ("latent_cache", "                    for _ in range(n_layers)]\n",
+         "                    for _ in range(n_layers)]\n"
+         "        self.allocated = sum(t.numel() * t.element_size() for t in self.buf)\n"),
+        ("latent_cache", "        buf = self.buf[layer]\n"
+                         "        buf[:, self.length:end, :self.r] = c_new  # in place\n"
+                         "        buf[:, self.length:end, self.r:] = k_rope_new\n",
+         "        rows = torch.cat([c_new, k_rope_new], -1)\n"
+         "        buf = self.buf[layer] = torch.cat([self.buf[layer][:, :self.length], rows], 1)\n"),
+        ("latent_cache", "return sum(t.numel() * t.element_size() for t in self.buf)", "return self.allocated"),
+    ],
     # Scaled by the latent's width: the key the query now meets has r + d_R numbers... but the softmax was trained
     # with the naive form's d_n + d_R.
     "scale_by_latent_width": [
