@@ -42,6 +42,11 @@ WRONG = {
          "        buf = self.buf[layer] = torch.cat([self.buf[layer][:, :self.length], rows], 1)\n"),
         ("latent_cache", "return sum(t.numel() * t.element_size() for t in self.buf)", "return self.allocated"),
     ],
+    # The cache counted once per query row: the same number as once per call when T = 1, too much for a chunk.
+    "reads_cache_per_query_row": [
+        ("absorbed_attention", 'reads["cache"] += c_kv.numel() + k_rope.numel()',
+         'reads["cache"] += T * (c_kv.numel() + k_rope.numel())'),
+    ],
     # Scaled by the latent's width: the key the query now meets has r + d_R numbers... but the softmax was trained
     # with the naive form's d_n + d_R.
     "scale_by_latent_width": [
