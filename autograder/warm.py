@@ -66,10 +66,10 @@ def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-# pytest's own variables: ipykernel turns off its capture of C-level stderr when it sees
-# PYTEST_CURRENT_TEST, so a kernel started from a test would not lose the points that the same
-# cell loses under `make grade`. Kernels never see them.
-PYTEST_PREFIX = "PYTEST"  # and the Makefile's PYTEST_ARGS: kernels see none of these names
+# pytest's variables (and the Makefile's PYTEST_ARGS): ipykernel turns off its capture of C-level
+# stderr when it sees PYTEST_CURRENT_TEST, so a kernel started from a test would not lose the points
+# that the same cell loses under `make grade`. Kernels see none of the PYTEST* names.
+PYTEST_PREFIX = "PYTEST"
 
 
 @contextlib.contextmanager
