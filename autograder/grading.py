@@ -25,7 +25,6 @@ from pathlib import Path
 import nbformat
 
 from . import sandbox, warm
-from .course import kernel_environment
 from .intake import Invalid, preflight
 from .rows import Row, Say
 
@@ -60,10 +59,9 @@ def _job_course(jobdir: Path, base: Path, stem: str, student: str, nb: nbformat.
 def run_job(jobdir: Path, wall: float) -> dict:
     """Grade one prepared job in a child process; kill its whole process group past ``wall``."""
     log = open(jobdir / "job.log", "wb")
-    with kernel_environment():
-        cmd = warm.command("job", [sys.executable, "-m", "autograder.job", str(jobdir)])
-        proc = subprocess.Popen(cmd, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ))
+    cmd = warm.command("job", [sys.executable, "-m", "autograder.job", str(jobdir)])
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=warm.kernel_env())  # workers are threads: os.environ is left alone
     try:
         proc.wait(timeout=wall)
     except subprocess.TimeoutExpired:

@@ -72,11 +72,9 @@ def threads() -> int:
 PYTEST_PREFIX = "PYTEST"
 
 
-@contextlib.contextmanager
-def kernel_environment() -> Iterator[None]:
-    """Environment for nbgrader and the kernels it starts (the same under the tests as under
-    ``make grade``); restored afterwards. With warm servers running (``warm.ensure``), the
-    plain ``python3`` kernel and the grading jobs start warm."""
+def kernel_env_changes() -> dict[str, str | None]:
+    """The changes to this process's environment that nbgrader and its kernels need (None: unset).
+    Computed, not applied: grading threads take ``kernel_env()``, which touches nothing shared."""
     bindir = str(Path(sys.executable).parent)
     wanted: dict[str, str | None] = {
         "PATH": os.pathsep.join([bindir, os.environ.get("PATH", "")]),
@@ -91,6 +89,29 @@ def kernel_environment() -> Iterator[None]:
         spec = kernel_spec_dir()
         if spec:
             wanted["JUPYTER_PATH"] = spec
+    return wanted
+
+
+def kernel_env() -> dict[str, str]:
+    """A copy of this process's environment with ``kernel_env_changes`` applied: for a child
+    started from a worker thread (two threads that swap ``os.environ`` in and out leak each
+    other's values into it)."""
+    env = dict(os.environ)
+    for k, v in kernel_env_changes().items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+@contextlib.contextmanager
+def kernel_environment() -> Iterator[None]:
+    """Environment for nbgrader and the kernels it starts (the same under the tests as under
+    ``make grade``); restored afterwards. With warm servers running (``warm.ensure``), the
+    plain ``python3`` kernel and the grading jobs start warm. One thread at a time: threads use
+    ``kernel_env()``."""
+    wanted = kernel_env_changes()
     saved = {k: os.environ.get(k) for k in wanted}
     for k, v in wanted.items():
         if v is None:

@@ -238,17 +238,28 @@ def batch(tmp_path_factory):
         out = tmp / "out"
         before_subs, before_root = tree(subs), tree(ROOT / "solutions")
         lines: list[str] = []
+        env_before = dict(os.environ)
         t0 = time.perf_counter()
         status = grade_batch(subs, out, solutions, workers=2, settings=Settings(**SETTINGS),
                              notebook_names=[STEM, REAL], say=lines.append, canary=False)  # canary: test_course_loop
         seconds = time.perf_counter() - t0
+        env_after = dict(os.environ)
         time.sleep(1.5)  # a connection attempt still in flight would land by now
     finally:
         listener.close()
     rows = {(r.student, r.notebook): r for r in read_csv(out / "grades.csv")}
     return dict(tmp=tmp, out=out, subs=subs, solutions=solutions, status=status, rows=rows, log="\n".join(lines),
                 seconds=seconds, hits=listener.hits, info=info, before_subs=before_subs, after_subs=tree(subs),
-                before_root=before_root, after_root=tree(ROOT / "solutions"))
+                before_root=before_root, after_root=tree(ROOT / "solutions"), env_before=env_before,
+                env_after=env_after)
+
+
+def test_grading_leaves_the_graders_environment_as_it_was(batch):
+    # Two worker threads that each swapped os.environ in and out (set, start a job, restore) could
+    # restore each other's values: the warm servers' sockets stayed set in the grader's process.
+    changed = {k for k in set(batch["env_before"]) | set(batch["env_after"])
+               if batch["env_before"].get(k) != batch["env_after"].get(k)}
+    assert not changed, f"grade_batch changed the grader's environment: {sorted(changed)}"
 
 
 def row(batch, student, notebook=STEM):

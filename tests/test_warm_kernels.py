@@ -13,9 +13,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -26,7 +28,7 @@ import nbformat
 import pytest
 from jupyter_client.manager import KernelManager
 
-from autograder import Course, grade_batch, sandbox, warm
+from autograder import Course, grade_batch, grading, sandbox, warm
 from autograder import notebooks as nbs
 from autograder.course import ROOT, kernel_environment
 
@@ -216,6 +218,34 @@ def test_a_server_that_cannot_start_means_cold_kernels_said_once(monkeypatch):
     assert warm.status().startswith("cold (the warm no-such-kind server did not start")
     kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     assert warm.command("kernel", kernel) == kernel and warm.socket_for("kernel") is None
+
+
+def test_grading_threads_leave_the_graders_environment_alone(tmp_path, monkeypatch):
+    # `make grade` starts each job from a worker thread. Threads that each set os.environ for the
+    # job and restored it afterwards restored each other's values: the grader's PATH grew, and the
+    # warm servers' sockets stayed set (so a later "no server" check still found one). The barrier
+    # holds both threads at the start of their jobs, where the old code had the environment swapped.
+    # The thread that got there second returns last, the order in which the old code leaked.
+    barrier, arrived, lock = threading.Barrier(2, timeout=60), [], threading.Lock()
+    real_popen = subprocess.Popen
+
+    def popen(cmd, **kwargs):
+        with lock:
+            arrived.append(threading.get_ident())
+        barrier.wait()
+        if arrived[1] == threading.get_ident():
+            time.sleep(0.5)
+        return real_popen([sys.executable, "-c", "pass"], **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    jobdirs = [tmp_path / "a", tmp_path / "b"]
+    for d in jobdirs:
+        d.mkdir()
+    before = dict(os.environ)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda d: grading.run_job(d, 60), jobdirs))
+    assert [r["status"] for r in results] == ["error", "error"]  # no result.json: the stand-in job did nothing
+    assert dict(os.environ) == before
 
 
 # -- grading: warm and cold agree, tests and `make grade` agree ------------------------------------
