@@ -252,6 +252,122 @@ def test_chinese_messages_show_no_glued_english(built_book):  # noqa: F811
     assert executed.is_dir() and not problems, "; ".join(problems)
 
 
+# ---------------------------------------------------------------- tables: one per edition
+
+GLUE_MD_DIRECTIVE = re.compile(r"^```\{glue:md\} (\S+)", re.M)
+
+
+def table_glue(page: Path) -> tuple[list[str], dict[str, int], list[int]]:
+    """A page's code, read without running it: the lines that display Markdown directly, {key: number of
+    editions} of its glue_md calls (2 when a Chinese twin is given), and the lines of glue_md calls with none."""
+    import ast
+
+    import jupytext
+
+    code = "\n".join(c.source for c in jupytext.read(page).cells if c.cell_type == "code")
+    code = "\n".join(line if not line.lstrip().startswith(("%", "!")) else "" for line in code.splitlines())
+    direct, glued, lone = [], {}, []
+    for node in ast.walk(ast.parse(code)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "id", None)
+        if name == "display" and any(isinstance(a, ast.Call) and getattr(a.func, "id", None) == "Markdown"
+                                     for a in node.args):
+            direct.append(node.lineno)
+        if name == "glue_md" and node.args and isinstance(node.args[0], ast.Constant):
+            rest = node.args[1:]
+            twins = len(rest) >= 2 or any(isinstance(a, ast.Starred) for a in rest)
+            glued[node.args[0].value] = 2 if twins else 1
+            if not twins:
+                lone.append(node.lineno)
+    return direct, glued, lone
+
+
+def test_tables_are_glued_once_per_edition():
+    """Quick and without a build: a table the reader reads as page text is glued with a Chinese twin and
+    shown by `{glue:md}` (a cell that displays Markdown shows the same English table in both editions)."""
+    problems = []
+    for page in sorted((ROOT / "book").glob("[0-9][0-9]_*.md")):
+        direct, glued, lone = table_glue(page)
+        problems += [f"{page.name}: code line {n} displays Markdown directly: glue it with glue_md" for n in direct]
+        problems += [f"{page.name}: glue_md at code line {n} has no Chinese twin" for n in lone]
+        shown = GLUE_MD_DIRECTIVE.findall(page.read_text(encoding="utf-8"))
+        problems += [f"{page.name}: {{glue:md}} {k} is never glued by glue_md" for k in shown if k not in glued]
+        problems += [f"{page.name}: {k} is glued and never shown" for k in glued if k not in shown]
+    assert not problems, "; ".join(problems)
+
+
+def test_table_glue_finds_direct_markdown_and_lone_tables(tmp_path):
+    page = tmp_path / "01_x.md"
+    page.write_text("```{code-cell} ipython3\ndisplay(Markdown(t))\nglue_md('a', en)\n"
+                    "glue_md('b', en, zh)\nglue_md('c', *(t(l) for l in ('en', 'zh')))\n```\n", encoding="utf-8")
+    assert table_glue(page) == ([1], {"a": 1, "b": 2, "c": 2}, [2])
+
+
+def test_md_table_refuses_a_row_of_the_wrong_width(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "book"))
+    from _ext import page_helpers
+
+    assert page_helpers.md_table(["a", "b"], [[1, "x"]]) == "| a | b |\n| --- | --- |\n| 1 | x |"
+    with pytest.raises(ValueError, match="every row needs 2 cells"):
+        page_helpers.md_table(["a", "b"], [[1]])
+
+
+class _Tables(HTMLParser):
+    """The text of each table cell in a page, without code and math (which stay as written)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[str] = []
+        self.cell: list[str] | None = None
+        self.skip: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        classes = (dict(attrs).get("class") or "").split()
+        if self.skip or tag in ("code", "pre", "script", "style") or "math" in classes:
+            self.skip.append(tag)
+        elif tag in ("td", "th"):
+            self.cell = []
+
+    def handle_endtag(self, tag):
+        if self.skip:
+            if self.skip[-1] == tag:
+                self.skip.pop()
+        elif tag in ("td", "th") and self.cell is not None:
+            self.cells.append("".join(self.cell).strip())
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None and not self.skip:
+            self.cell.append(data)
+
+
+# An English word in a Chinese table: lowercase, four letters or more, not part of a name, path or unit
+# (Llama-2-7B, tok/s, fp16). "token" is the one English word the Chinese text keeps (see the glossary).
+ENGLISH_WORD = re.compile(r"(?<![\w./-])[a-z]{4,}(?![\w/-])")
+KEPT_ENGLISH = {"token", "tokens"}
+
+
+def english_in_tables(html: str) -> list[str]:
+    p = _Tables()
+    p.feed(html)
+    return sorted({w for c in p.cells for w in ENGLISH_WORD.findall(c)} - KEPT_ENGLISH)
+
+
+def test_english_in_tables_skips_code_math_and_names():
+    html = ("<table><tr><th>步 <code>cache=None</code></th><td><span class='math'>\\text{bytes}</span></td>"
+            "<td>Llama-2-7B fp16 tok/s token</td><td>无缓存 cached rows</td></tr></table><p>outside tables</p>")
+    assert english_in_tables(html) == ["cached", "rows"]
+
+
+@pytest.mark.slow
+def test_chinese_tables_are_chinese(built_book):  # noqa: F811
+    assert built_book.returncode == 0, built_book.log[-6000:]
+    zh = built_book.html / "zh" / "book"
+    problems = {p.name: w for p in sorted(zh.glob("*.html")) if (w := english_in_tables(p.read_text(encoding="utf-8")))}
+    assert zh.is_dir() and not problems, f"English words in the Chinese edition's tables: {problems}"
+
+
 # ---------------------------------------------------------------- catalogs clean for gettext's own tools
 
 

@@ -130,7 +130,7 @@ def patch_glue_lookup(placeholder: bool) -> None:
                         return VariableOutput(data=data[key]["data"], metadata=data[key].get("metadata", {}),
                                               nb_renderer=page, vtype="glue")
                 if placeholder and "nb_renderer" in document:
-                    return VariableOutput(data={"text/plain": ""}, metadata={},
+                    return VariableOutput(data={"text/plain": "", "text/markdown": ""}, metadata={},
                                           nb_renderer=document["nb_renderer"], vtype="glue")
                 raise
             _current.update(docname=_docname(document), renderer=document["nb_renderer"])

@@ -12,6 +12,15 @@ Both editions show the outputs of one execution (book/_ext/lang_switch.py): wher
 A function that words a result takes the language (`lang="en"` or `"zh"`) and looks its words up in a small
 table {"en": ..., "zh": ...}, so its logic (the thresholds, the numbers) exists once. `glue_fig` glues a
 matplotlib figure with its Chinese twin (book/_ext/zh_figures.py) and closes it.
+
+A table the reader reads as page text is glued the same way, as Markdown, once per edition, and shown by a
+`{glue:md}` directive below its cell (the cell itself displays nothing):
+
+    glue_md("tbl_steps", md_table(header["en"], rows["en"]), md_table(header["zh"], rows["zh"]))
+
+    ```{glue:md} tbl_steps
+    :format: myst
+    ```
 """
 
 from __future__ import annotations
@@ -29,6 +38,25 @@ def glue_text(name: str, en, zh=None) -> None:
     glue(name, en, display=False)
     if zh is not None:
         glue(name + "_zh", zh, display=False)
+
+
+def glue_md(name: str, en: str, zh: str | None = None) -> None:
+    """Glue the Markdown `en` as `name` and `zh` as `name + "_zh"` (not displayed: a `{glue:md}` shows it)."""
+    from IPython.display import Markdown
+    from myst_nb import glue
+
+    glue(name, Markdown(en), display=False)
+    if zh is not None:
+        glue(name + "_zh", Markdown(zh), display=False)
+
+
+def md_table(header: list[str], rows: list[list]) -> str:
+    """A Markdown table: `header` names the columns, each row gives one cell per column (str() of each)."""
+    if any(len(r) != len(header) for r in rows):
+        raise ValueError(f"md_table: every row needs {len(header)} cells (one per column of {header}), "
+                         f"got rows of {sorted({len(r) for r in rows})}")
+    cells = [header, ["---"] * len(header)] + [[str(c) for c in r] for r in rows]
+    return "\n".join("| " + " | ".join(r) + " |" for r in cells)
 
 
 def glue_fig(name: str, fig) -> None:
