@@ -94,9 +94,10 @@ i18n-update: $(STAMP)
 i18n-check: $(STAMP)
 	$(PY) book/_ext/i18n_tool.py check
 
-# One printable PDF: headless Chromium prints each built page (book/_ext/static/print.css), pypdf joins them.
+# One printable PDF per edition (book.pdf, book-zh.pdf): headless Chromium prints each built page (book/_ext/static/print.css), pypdf joins them.
 pdf: book
 	$(PY) book/_ext/pdf.py --html $(abspath $(BUILD_DIR))/_build/html --out $(abspath $(BUILD_DIR))/_build/book.pdf
+	$(PY) book/_ext/pdf.py --html $(abspath $(BUILD_DIR))/_build/html/zh --out $(abspath $(BUILD_DIR))/_build/book-zh.pdf
 
 test: export MPLBACKEND := Agg
 test: prerequisites $(STAMP)

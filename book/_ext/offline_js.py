@@ -40,7 +40,6 @@ OWN_STATIC = HERE / "static"  # our own small scripts (committed), served from _
 MATHJAX_SHIM = "mathjax-hub-shim.js"  # lets the widget manager's MathJax 2 calls work with MathJax 3
 CACHE = ROOT / ".cache" / "js"
 FONTS = ROOT / ".cache" / "fonts"  # fetched CJK fonts, used only where the system has none
-FONTCONFIG = FONTS / "fonts.conf"  # the system's fontconfig set-up plus FONTS, for Chromium
 # Debian's fonts-noto-cjk: preferred when present, so figures look the same on every Debian machine.
 SYSTEM_CJK_FONTS = (
     Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"),
@@ -260,21 +259,28 @@ def cjk_fonts() -> list[Path]:
     return system_cjk_fonts() or fetched_cjk_fonts()
 
 
+def fetched_faces(lock: Path = LOCK) -> list[Path]:
+    """Every face of the fetched CJK font (regular and bold: headings are bold), once fetched and checked."""
+    return [f for pkg in load_lock(lock, kind="font").values() if problem_with_unpacked(pkg) is None
+            for f in sorted(pkg.unpacked.rglob("*")) if f.suffix.lower() in (".ttf", ".otf", ".ttc")]
+
+
 def write_fontconfig() -> Path:
-    """A fontconfig file that reads the system's set-up and adds .cache/fonts (for Chromium's Chinese pages)."""
-    FONTS.mkdir(parents=True, exist_ok=True)
-    FONTCONFIG.write_text(
-        '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n<fontconfig>\n'
-        '  <include ignore_missing="yes">/etc/fonts/fonts.conf</include>\n'
-        f"  <dir>{FONTS}</dir>\n  <cachedir>{FONTS / 'fc-cache'}</cachedir>\n</fontconfig>\n")
-    return FONTCONFIG
+    """A fontconfig file for Chromium's Chinese pages: the system's set-up and the CJK font (the system's, else
+    the fetched one), as copies whose text a PDF maps back to ideographs (book/_ext/print_font.py)."""
+    try:
+        from . import print_font
+    except ImportError:  # run as a script, or imported from book/_ext on sys.path
+        import print_font
+
+    return print_font.fontconfig(system_cjk_fonts() or fetched_faces(), FONTS)
 
 
 def chromium_env() -> dict[str, str]:
-    """Environment for a Chromium that prints or shoots Chinese pages: fontconfig also sees the fetched font
-    when the system has no CJK font."""
+    """Environment for a Chromium that prints or shoots Chinese pages: fontconfig sees the CJK font (the
+    system's, else the fetched one) as the print-safe copies of book/_ext/print_font.py."""
     env = dict(os.environ)
-    if not system_cjk_fonts() and fetched_cjk_fonts():
+    if system_cjk_fonts() or fetched_cjk_fonts():
         env["FONTCONFIG_FILE"] = str(write_fontconfig())
     return env
 

@@ -1,8 +1,10 @@
-"""`make pdf`: one printable PDF of the whole book, from the built HTML pages.
+"""`make pdf`: one printable PDF of the whole book, from the built HTML pages (each edition: the Makefile
+prints _build/html to _build/book.pdf and the Chinese edition, _build/html/zh, to _build/book-zh.pdf).
 
 Headless Chromium prints each page listed in _toc.yml (in book order) with the book's print style
 (book/_ext/static/print.css: text column only, code wrapped, widgets replaced by the static figure
-beside them), and pypdf joins the pages into one file with a bookmark per chapter. It reads only
+beside them), and pypdf joins the pages into one file with a bookmark per chapter, named by the page's own
+title (so the Chinese edition's bookmarks are Chinese). It reads only
 local files: MathJax and the other scripts are served from the build itself.
 
     python book/_ext/pdf.py [--html _build/html] [--out _build/book.pdf]
@@ -73,11 +75,12 @@ def print_page(chromium: str, html: Path, out: Path, profile: Path) -> None:
         raise PdfError(f"Chromium could not print {html} (exit {proc.returncode}): {proc.stderr[-500:]}")
 
 
-def build_pdf(html_dir: Path, out: Path) -> int:
-    """Print every page of the built book into `out`; return the number of PDF pages."""
+def build_pdf(html_dir: Path, out: Path, pages: list[str] | None = None) -> int:
+    """Print every page of the built book (or the `pages` given, in that order) into `out`; return the
+    number of PDF pages."""
     from pypdf import PdfReader, PdfWriter
 
-    pages = toc_pages()
+    html_dir, pages = html_dir.resolve(), pages or toc_pages()
     missing = [p for p in pages if not (html_dir / f"{p}.html").exists()]
     if missing:
         raise PdfError(f"no built page for {', '.join(missing)} under {html_dir}: run `make book` first")
