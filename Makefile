@@ -40,6 +40,8 @@ JUPYTER_CACHE := $(abspath $(BUILD_DIR))/_build/.jupyter_cache
 ZH_WORK := $(abspath $(BUILD_DIR))/_build/zh-build
 
 PYTEST_ARGS ?=
+# `make test` runs the tests in TEST_WORKERS processes (pytest-xdist; groups: tests/conftest.py). 1: one process.
+TEST_WORKERS ?= 2
 
 # Recipes (and the tools they start, e.g. nbgrader and the notebook kernel) use the venv.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -101,7 +103,7 @@ pdf: book
 
 test: export MPLBACKEND := Agg
 test: prerequisites $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 # Student notebooks: solutions/NN_topic.ipynb -> notebooks/NN_topic.ipynb (nbgrader generate_assignment).
 release: $(STAMP)
