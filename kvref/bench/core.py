@@ -25,7 +25,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,6 +34,8 @@ from tqdm import tqdm
 
 import kvref
 from kvref.generate import decode_one_token, prefill
+
+from .timing import sync
 
 
 @dataclass
@@ -50,12 +51,6 @@ class Row:
 def at_least(section: str, what: str, value: float, target: float, unit: str, note: str = "") -> Row:
     fmt = (lambda x: f"{x:.0%}") if unit == "%" else (lambda x: f"{x:.2f}{unit}")
     return Row(section, what, fmt(value), f">= {fmt(target)}", value >= target, note)
-
-
-def sync(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def timed(fn: Callable[[], object], device: torch.device) -> float:

@@ -129,7 +129,7 @@ def section(model, hf, prompt: int, new: int, repeats: int, log, batches=(1, 16)
     from transformers import StoppingCriteriaList
 
     from .core import bytes_per_decode_token, prompt_ids
-    from .decode import interleave, med, table
+    from .timing import interleave, med, table
 
     V, prof, limits, layouts = model.cfg.vocab_size, {}, [], []
     for B in batches:
