@@ -309,8 +309,11 @@ def test_md_table_refuses_a_row_of_the_wrong_width(monkeypatch):
     from _ext import page_helpers
 
     assert page_helpers.md_table(["a", "b"], [[1, "x"]]) == "| a | b |\n| --- | --- |\n| 1 | x |"
+    assert page_helpers.md_table(["a", "b"], [[1, "x"]], align="rc").splitlines()[1] == "| ---: | :---: |"
     with pytest.raises(ValueError, match="every row needs 2 cells"):
         page_helpers.md_table(["a", "b"], [[1]])
+    with pytest.raises(ValueError, match="one of l, r, c per column"):
+        page_helpers.md_table(["a", "b"], [[1, "x"]], align="lrr")
 
 
 class _Tables(HTMLParser):

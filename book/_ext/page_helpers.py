@@ -50,12 +50,16 @@ def glue_md(name: str, en: str, zh: str | None = None) -> None:
         glue(name + "_zh", Markdown(zh), display=False)
 
 
-def md_table(header: list[str], rows: list[list]) -> str:
-    """A Markdown table: `header` names the columns, each row gives one cell per column (str() of each)."""
+def md_table(header: list[str], rows: list[list], align: str = "") -> str:
+    """A Markdown table: `header` names the columns, each row gives one cell per column (str() of each);
+    `align` gives a column's alignment by letter, l, r or c ("lrr": numbers right of a label), default l."""
     if any(len(r) != len(header) for r in rows):
         raise ValueError(f"md_table: every row needs {len(header)} cells (one per column of {header}), "
                          f"got rows of {sorted({len(r) for r in rows})}")
-    cells = [header, ["---"] * len(header)] + [[str(c) for c in r] for r in rows]
+    if len(align) > len(header) or set(align) - set("lrc"):
+        raise ValueError(f"md_table: align {align!r} needs one of l, r, c per column ({len(header)} at most)")
+    rule = [{"l": "---", "r": "---:", "c": ":---:"}[a] for a in align.ljust(len(header), "l")]
+    cells = [header, rule] + [[str(c) for c in r] for r in rows]
     return "\n".join("| " + " | ".join(r) + " |" for r in cells)
 
 
