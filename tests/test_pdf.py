@@ -42,16 +42,20 @@ def test_unbuilt_book_is_one_clear_error(tmp_path, capsys):
     assert not (tmp_path / "b.pdf").exists()
 
 
-@pytest.mark.slow
-def test_book_prints_to_one_pdf(built_book, tmp_path):  # noqa: F811
+def printed(built_book, out: Path, edition: str = "", pages: list[str] | None = None):
+    """(the PDF's reader, its page count) for the built book's `edition` ("" English, "zh") printed to `out`."""
     from pypdf import PdfReader
 
     require_tool("Chromium", ("chromium", "chromium-browser", "google-chrome"), "apt-get install -y chromium",
                  need_all=False)
     assert built_book.returncode == 0, built_book.log[-3000:]
-    out = tmp_path / "book.pdf"
-    n = pdf.build_pdf(built_book.html, out)
-    reader = PdfReader(out)
+    n = pdf.build_pdf(built_book.html / edition, out, pages)
+    return PdfReader(out), n
+
+
+@pytest.mark.slow
+def test_book_prints_to_one_pdf(built_book, tmp_path):  # noqa: F811
+    reader, n = printed(built_book, tmp_path / "book.pdf")
     assert len(reader.pages) == n
     titles = [item.title for item in reader.outline]
     pages = pdf.toc_pages()
@@ -70,15 +74,7 @@ def test_book_prints_to_one_pdf(built_book, tmp_path):  # noqa: F811
 def test_chinese_edition_prints_with_chinese_bookmarks(built_book, tmp_path):  # noqa: F811
     # Three pages are enough to show the edition's own titles and text reach the PDF (the whole edition is
     # what `make pdf` prints, with the same function).
-    from pypdf import PdfReader
-
-    require_tool("Chromium", ("chromium", "chromium-browser", "google-chrome"), "apt-get install -y chromium",
-                 need_all=False)
-    assert built_book.returncode == 0, built_book.log[-3000:]
-    out = tmp_path / "book-zh.pdf"
-    pages = ["book/intro", "book/03_memory", "book/glossary"]
-    pdf.build_pdf(built_book.html / "zh", out, pages)
-    reader = PdfReader(out)
+    reader, _ = printed(built_book, tmp_path / "book-zh.pdf", "zh", ["book/intro", "book/03_memory", "book/glossary"])
     titles = [item.title for item in reader.outline]
     cjk = re.compile(r"[\u4e00-\u9fff]")
     assert len(titles) == 3 and all(cjk.search(t) for t in titles), titles
