@@ -12,6 +12,8 @@ rejects the originals), and nothing else changes: same glyphs, same family names
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 RADICALS = (0x2E80, 0x2FDF)  # CJK Radicals Supplement and Kangxi Radicals
@@ -37,9 +39,10 @@ def derive(source: Path, target: Path) -> Path:
     font = TTCollection(source) if source.suffix.lower() == ".ttc" else TTFont(source)
     for face in getattr(font, "fonts", [font]):
         drop_radicals(face)
-    partial = target.with_suffix(target.suffix + ".part")
+    fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".part")  # two processes may derive at once
+    os.close(fd)
     font.save(partial)
-    partial.replace(target)
+    os.replace(partial, target)
     return target
 
 
@@ -51,10 +54,13 @@ def fontconfig(sources: list[Path], folder: Path) -> Path:
         derive(source, copies / source.name)
     rejects = "".join(f"      <glob>{s}</glob>\n" for s in sources)
     conf = folder / "fonts.conf"
-    conf.write_text(
+    fd, partial = tempfile.mkstemp(dir=folder, suffix=".part")
+    os.close(fd)
+    Path(partial).write_text(
         '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n<fontconfig>\n'
         '  <include ignore_missing="yes">/etc/fonts/fonts.conf</include>\n'
         f"  <dir>{copies}</dir>\n"
         f"  <selectfont>\n    <rejectfont>\n{rejects}    </rejectfont>\n  </selectfont>\n"
         f"  <cachedir>{folder / 'fc-cache'}</cachedir>\n</fontconfig>\n", encoding="utf-8")
+    os.replace(partial, conf)
     return conf
