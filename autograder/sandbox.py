@@ -240,7 +240,7 @@ def _exec(argv: list[str], env: dict) -> None:
 
 def run(policy: dict, argv: list[str], start=_exec, wait=None) -> int:
     """Run ``argv`` under ``policy``; returns its shell-style exit status. ``start(argv, env)``
-    replaces the sandboxed process by the program (default: exec it; ``warm.py`` runs a kernel
+    replaces the sandboxed process by the program (default: exec it; ``warm_server.py`` runs a kernel
     in the already warm, forked process instead); ``wait(pid)`` waits for the top child and kills
     it when the caller goes away (default: when the process that started us exits)."""
     wait = wait or _wait_watching_parent

@@ -4,7 +4,7 @@
 
 KIND is ``kernel`` (ARGV is ``python -m ipykernel_launcher ...``; POLICY a sandbox policy file or
 ``-``) or ``job`` (ARGV is ``python -m autograder.job JOBDIR``). The client hands the warm server
-(``autograder/warm.py``) its argv, environment, working directory and its stdin/stdout/stderr;
+(``autograder/warm_server.py``) its argv, environment, working directory and its stdin/stdout/stderr;
 the server forks a process that has already imported torch (or nbgrader) and runs ARGV's program
 in it, sandboxed by POLICY exactly as ``python -m autograder.sandbox POLICY -- ARGV`` would.
 This process stands in for that one: signals sent to it (interrupt, terminate, kill) reach the

@@ -13,7 +13,7 @@ PACKAGE = ROOT / "autograder"
 # The pipeline's stages in order; a module may import its own stage and the ones before it. A new module gets
 # its place here (the test below fails until it has one).
 STAGES = {
-    "shared": ["rows", "notebooks", "sandbox", "warm", "warm_client", "nbgrader_config", "mutants"],
+    "shared": ["rows", "notebooks", "sandbox", "warm", "warm_server", "warm_client", "nbgrader_config", "mutants"],
     "intake": ["platforms", "intake"],  # LMS exports, roster, late flags, preflight repairs
     "grade": ["course", "feedback", "job", "grading"],  # course set-up, kernels, one sandboxed job
     "record": ["results", "review"],  # rows, statuses, sheets, shards, review of free text
