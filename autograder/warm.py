@@ -83,16 +83,21 @@ def kernel_env_changes() -> dict[str, str | None]:
     return wanted
 
 
+def _apply(env, changes: dict[str, str | None]) -> None:
+    """Set each name of ``changes`` in ``env`` (a dict or os.environ); None unsets it."""
+    for k, v in changes.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+
+
 def kernel_env() -> dict[str, str]:
     """A copy of this process's environment with ``kernel_env_changes`` applied: for a child
     started from a worker thread (two threads that swap ``os.environ`` in and out leak each
     other's values into it)."""
     env = dict(os.environ)
-    for k, v in kernel_env_changes().items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
+    _apply(env, kernel_env_changes())
     return env
 
 
@@ -104,19 +109,11 @@ def kernel_environment() -> Iterator[None]:
     ``kernel_env()``."""
     wanted = kernel_env_changes()
     saved = {k: os.environ.get(k) for k in wanted}
-    for k, v in wanted.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    _apply(os.environ, wanted)
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _apply(os.environ, saved)
 
 
 # -- the grader's side ----------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import torch
 
 import kvref
 
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
     """Under `make test` (pytest-xdist, `--dist loadgroup`) the tests run in groups, one group at a time per
     worker: every test that reads the built book in one group (the book is built once, by that worker), every
@@ -21,8 +23,6 @@ def pytest_collection_modifyitems(config, items) -> None:
         group = "built_book" if "built_book" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
 
-
-pytest_collection_modifyitems = pytest.hookimpl(tryfirst=True)(pytest_collection_modifyitems)
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
