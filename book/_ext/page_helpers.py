@@ -79,6 +79,12 @@ def words(items: list[str], lang: str = "en") -> str:
     return sep.join(items[:-1]) + last + items[-1]
 
 
+def listing(items: list[str], lang: str = "en") -> str:
+    """`items` separated as each edition lists them ("a, b" / "a、b"); none: "none" ("无")."""
+    sep, _, empty = LIST_WORDS[lang]
+    return sep.join(items) or empty
+
+
 def readable_log_axis(axis) -> None:
     """Label a log axis at 1, 2 and 5 times each power of ten, as plain numbers."""
     from matplotlib import ticker
