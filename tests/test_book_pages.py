@@ -54,8 +54,9 @@ def code_cells(text: str) -> list[list[str]]:
     return cells
 
 
-def test_there_are_ten_chapters():
-    assert [p.name[:2] for p in CHAPTERS] == [f"{i:02d}" for i in range(1, 11)], [p.name for p in CHAPTERS]
+def test_chapters_are_numbered_from_one_without_gaps():
+    assert len(CHAPTERS) >= 10, [p.name for p in CHAPTERS]
+    assert [p.name[:2] for p in CHAPTERS] == [f"{i:02d}" for i in range(1, len(CHAPTERS) + 1)], [p.name for p in CHAPTERS]
 
 
 @pytest.mark.parametrize("page", CHAPTERS, ids=lambda p: p.stem)
