@@ -218,8 +218,8 @@ def raises(error: type[BaseException] | tuple[type[BaseException], ...], mention
         given = numbers_in(message)
         missing = [n for n in wanted if not any(g == n for g in given)]
         if missing:
-            need = ", ".join(f"{n:g}" for n in wanted)
-            raise AssertionError(f"{what}: the {names} is right, but its message must give the numbers {need} "
+            need = ("the number " if len(wanted) == 1 else "the numbers ") + ", ".join(f"{n:g}" for n in wanted)
+            raise AssertionError(f"{what}: the {names} is right, but its message must give {need} "
                                  f"(in any words); it says {message!r}") from None
         return
     except Exception as e:

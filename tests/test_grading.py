@@ -286,7 +286,7 @@ def test_raises_checks_the_error_and_the_numbers_of_its_message():
                                              r"the numbers 5, 4 \(in any words\); it says 'cache full'"):
         with grading.raises(ValueError, mentions=(5, 4), what="overflow"):
             raise ValueError("cache full")
-    with pytest.raises(AssertionError, match="must give the numbers -2"):
+    with pytest.raises(AssertionError, match="must give the number -2"):
         with grading.raises(ValueError, mentions=(-2,)):
             raise ValueError("got 2")  # the sign matters
     with pytest.raises(AssertionError, match="overflow: expected a ValueError, got IndexError: out of range"):
