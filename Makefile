@@ -5,7 +5,8 @@
 #   make i18n-update  extract the English messages and update book/locale/zh_CN/LC_MESSAGES/*.po (sphinx-intl)
 #   make i18n-check   fail, listing them, when a message is untranslated, fuzzy, stale or loses its markup
 #   make test    create .venv if needed, run the whole test suite
-#   make venv    only create/update .venv from requirements.txt (+ kvref in editable mode)
+#   make venv    only create/update .venv from requirements.txt (+ kvref in editable mode); without an NVIDIA GPU
+#                torch is the CPU build from PyTorch's index (KVREF_TORCH=default: the plain pin)
 #   make js      only fetch the book's pinned JavaScript (MathJax, require.js, ipywidgets manager) into .cache/js,
 #                and, where the system has no CJK font, the pinned Noto Sans SC into .cache/fonts
 #   make pdf     build the book, then print it into one PDF, $(BUILD_DIR)/_build/book.pdf
@@ -57,9 +58,13 @@ prerequisites:
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml | prerequisites
+# Without an NVIDIA GPU, torch comes from PyTorch's CPU index (scripts/torch_cpu.py; KVREF_TORCH=default skips it):
+# PyPI's Linux torch is the CUDA build, gigabytes the course never uses. Where that index does not answer within a
+# few seconds, the script says so in one line and the plain pins bring torch.
+$(STAMP): requirements.txt pyproject.toml scripts/torch_cpu.py | prerequisites
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
+	$(PY) scripts/torch_cpu.py requirements.txt
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps -e .
 	$(PY) -m ipykernel install --user --name kv-course --display-name "Python (kv-course)"

@@ -74,6 +74,8 @@ def check(path: Path, release: Path | None = None, settings=None, say: Say = _pr
                 say(f"       {line}")
     if row.reason and "lost:" not in row.reason:
         say(f"note: {row.reason}")
+    if row.stretch:
+        say(f"stretch (optional, no points): {row.stretch}")
     auto = [t for t in row.tests if not t.get("manual")]
     say(f"{len(auto) - failed}/{len(auto)} visible tests pass"
         + ("; hidden tests run only at grading" if auto else ""))

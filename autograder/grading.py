@@ -164,7 +164,8 @@ def _grade_one(student, stem, path, note, release, source, base, work, fb_dir, s
                 shutil.copyfile(page, dest)
         return Row(student, stem, score, float(result.get("max_score", max_score)), result["status"],
                    "; ".join(notes + [r for r in [result.get("reason", "")] if r]),
-                   tests=result.get("tests", []), manual=result.get("manual", {}), timing=timing)
+                   tests=result.get("tests", []), manual=result.get("manual", {}), timing=timing,
+                   stretch=result.get("stretch", ""))
     finally:
         if not os.environ.get("KVREF_KEEP_WORK"):
             shutil.rmtree(jobdir, ignore_errors=True)

@@ -113,6 +113,26 @@ def other_errors(nb, limit: int = 100) -> list[str]:
     return out
 
 
+def stretch_report(nb) -> str:
+    """What the ungraded stretch exercise's own check said in the graded notebook: the last line it printed, or
+    "failed: <error>"; "" when the notebook has no stretch. The stretch carries no points, so only ``check``
+    shows this (a passing check said nothing before)."""
+    start = next((i for i, c in enumerate(nb.cells)
+                  if c.cell_type == "markdown" and notebooks.STRETCH_HEADING.search(c.source)), None)
+    if start is None:
+        return ""
+    for cell in nb.cells[start + 1:]:
+        if cell.cell_type != "code" or notebooks.is_answer(cell) or "assert" not in cell.source:
+            continue
+        for o in cell.get("outputs", []):
+            if o.output_type == "error":
+                return "failed: " + " ".join(f"{o.ename}: {o.evalue}".split())[:300]
+        printed = [line for o in cell.get("outputs", []) if o.output_type == "stream" and o.name == "stdout"
+                   for line in o.text.splitlines() if line.strip()]
+        return printed[-1].strip() if printed else "ran; its check printed nothing"
+    return ""
+
+
 def cell_span(nb) -> tuple[float, float] | None:
     """(first cell's start, last cell's reply) in epoch seconds, from nbclient's timing metadata."""
     from datetime import datetime
@@ -198,6 +218,7 @@ def main(jobdir: Path) -> int:
             release = notebooks.read(course.release_path(stem))
             redacted = redact(graded, release)
             out["tests"], out["manual"] = test_results(redacted, release, cells)
+            out["stretch"] = stretch_report(graded)
             if out["manual"]:
                 out["status"] = "needs_review"
                 out["reason"] = "; ".join([f"free-text answer(s) {', '.join(out['manual'])} wait for review"]

@@ -21,7 +21,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import select
 import signal
 import sys
@@ -38,8 +37,7 @@ from .mutants import Mutant, mutate_cell
 EQUIVALENT_FILE = Path(__file__).with_name("mutants_equivalent.toml")
 TARGET = 0.9  # share of the non-equivalent mutants that must lose points
 
-
-STRETCH_HEADING = re.compile(r"^##\s+Stretch \(optional, ungraded\):", re.M)
+STRETCH_HEADING = nbs.STRETCH_HEADING
 
 
 def chapter_mutants(source: nbs.NotebookNode) -> list[tuple[int, Mutant]]:

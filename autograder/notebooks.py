@@ -26,6 +26,7 @@ from nbformat import NotebookNode
 SOLUTION = ("BEGIN SOLUTION", "END SOLUTION")
 HIDDEN = ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 MARK_SCHEME = ("BEGIN MARK SCHEME", "END MARK SCHEME")
+STRETCH_HEADING = re.compile(r"^##\s+Stretch \(optional, ungraded\):", re.M)  # the ungraded exercise at the end
 MARKERS = (SOLUTION, HIDDEN, MARK_SCHEME)
 
 # A secret line shorter than this (whitespace collapsed) is too generic to call a leak:

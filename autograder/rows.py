@@ -38,3 +38,4 @@ class Row:
     tests: list = dataclasses.field(default_factory=list)  # [{name, score, max_score, output}], not in the CSV
     manual: dict = dataclasses.field(default_factory=dict)  # {grade_id: {max_score, answer}}, not in the CSV
     timing: dict = dataclasses.field(default_factory=dict)  # where the seconds went (job.py), not in the CSV
+    stretch: str = ""  # what the ungraded stretch's own check said (job.stretch_report; `check` shows it), not in the CSV

@@ -7,7 +7,8 @@ writes ``_build/student/`` and ``_build/student.zip``:
     notebooks/NN_topic.ipynb   the released notebooks (no solutions, no hidden tests)
     kvref/                     the package the notebooks import
     autograder/                the grader's code, for ``make check`` (no instructor sources)
-    pyproject.toml, requirements.txt, environment.yml   pinned set-up
+    pyproject.toml, requirements.txt, environment.yml   pinned set-up (only what a student needs)
+    scripts/torch_cpu.py       `make venv` installs the CPU build of torch with it
     nbgrader_config.py         widens nbgrader's Validate output
     Makefile, README.md, .gitignore
 
@@ -29,7 +30,10 @@ from .results import Say, _stderr
 
 TEMPLATE = ROOT / "docs" / "student"  # README.md and Makefile of the edition
 INSTRUCTOR_ONLY_MODULES = {"bench.py"}  # grades synthetic classes from solutions/
-DROPPED_REQUIREMENTS = ("jupyter-book", "jupytext", "pytest")  # the book build and the test suite
+# What only the book build, the test suite and the instructor's tools use: a student's `make venv` skips them (the
+# notebooks, kvref's modules they import and `make check` need none of them; tests/test_student_edition.py checks it).
+DROPPED_REQUIREMENTS = ("jupyter-book", "jupytext", "pytest", "pytest-xdist", "pypdf", "sphinx-intl", "jieba",
+                        "transformers", "matplotlib")
 
 
 def _copy_tree(src: Path, dest: Path) -> None:
@@ -97,6 +101,8 @@ def build_edition(dest: Path = ROOT / "_build" / "student", root: Path = ROOT, s
             shutil.copyfile(p, dest / "autograder" / p.name)
     for name in ("pyproject.toml", "nbgrader_config.py"):
         shutil.copyfile(root / name, dest / name)
+    (dest / "scripts").mkdir()
+    shutil.copyfile(root / "scripts" / "torch_cpu.py", dest / "scripts" / "torch_cpu.py")  # the CPU build of torch
     (dest / "requirements.txt").write_text(_requirements((root / "requirements.txt").read_text()))
     env = (root / "environment.yml").read_text()
     (dest / "environment.yml").write_text("\n".join(

@@ -9,6 +9,8 @@ stderr (nbgrader scores a cell with any stderr output as zero).
         grading.assert_faster(fast, slow, at_least=3.0)     # best-of-k wall clock ratio
         with grading.forbid("kvref.generate"):                # student must not call the reference
             student_generate(...)
+        with grading.raises(ValueError, mentions=(5, 4), what="a 5th row in a cache of 4"):
+            cache.update(...)                                 # the error, and the numbers its message gives
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import importlib
 import io
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -110,8 +113,10 @@ def checked(seconds: float = 30.0) -> Iterator[None]:
             logging.disable(previous_disable)
 
 
-def assert_close(actual, expected, atol: float = 1e-5, rtol: float = 0.0, what: str = "output") -> None:
-    """Tensors have the same shape and agree within ``atol + rtol * |expected|`` everywhere."""
+def assert_close(actual, expected, atol: float = 1e-5, rtol: float = 0.0, what: str = "output",
+                 axes: tuple[str, ...] | None = None) -> None:
+    """Tensors have the same shape and agree within ``atol + rtol * |expected|`` everywhere (the
+    message names the worst index, each axis by name when ``axes`` gives one per dimension)."""
     if not isinstance(actual, torch.Tensor):
         raise AssertionError(f"{what}: expected a torch.Tensor, got {type(actual).__name__}")
     expected = torch.as_tensor(expected)
@@ -125,13 +130,21 @@ def assert_close(actual, expected, atol: float = 1e-5, rtol: float = 0.0, what: 
     if (err > bound).any():
         worst = int(err.argmax())
         idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), err.shape))
-        raise AssertionError(f"{what}: max difference {err.max().item():.3g} at index {idx} "
+        raise AssertionError(f"{what}: max difference {err.max().item():.3g} at {_where(idx, axes)} "
                              f"exceeds the tolerance {atol:g} (+ {rtol:g} relative)")
 
 
-def _describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, limit: int = 5) -> str:
+def _where(idx: tuple[int, ...], axes: tuple[str, ...] | None) -> str:
+    """``index (0, 8, 0)``, or with the axes named, ``(head 0, token 8, dim 0)``."""
+    if axes and len(axes) == len(idx):
+        return "(" + ", ".join(f"{name} {i}" for name, i in zip(axes, idx)) + ")"
+    return f"index {idx}"
+
+
+def _describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, limit: int = 5,
+                       axes: tuple[str, ...] | None = None) -> str:
     """Where two tensors of one shape differ: how many elements, the first few indices with both
-    values (as ``torch.testing`` reports it)."""
+    values (as ``torch.testing`` reports it), each axis named when ``axes`` names them."""
     a, e = actual.detach().cpu(), expected.detach().cpu()
     if a.dtype != e.dtype:
         common = torch.promote_types(a.dtype, e.dtype)
@@ -142,14 +155,15 @@ def _describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, limit: int 
     parts = []
     for idx in where[:limit].tolist():
         i = tuple(idx)
-        parts.append(f"at index {i}: got {a[i].item()!r}, expected {e[i].item()!r}")
+        parts.append(f"at {_where(i, axes)}: got {a[i].item()!r}, expected {e[i].item()!r}")
     more = f" (and {count - limit} more)" if count > limit else ""
     return f"{count} of {total} elements differ ({100 * count / max(total, 1):.1f}%); first " + "; ".join(parts) + more
 
 
-def assert_equal(actual, expected, what: str = "value") -> None:
+def assert_equal(actual, expected, what: str = "value", axes: tuple[str, ...] | None = None) -> None:
     """Exact equality for tokens, counts, shapes and plain numbers. For tensors the message says
-    where they differ: how many elements, the first differing indices, both values there."""
+    where they differ: how many elements, the first differing indices (each axis named when
+    ``axes`` gives one name per dimension, e.g. ``("head", "token", "dim")``), both values there."""
     if isinstance(expected, torch.Tensor):
         if not isinstance(actual, torch.Tensor):
             raise AssertionError(f"{what}: expected a torch.Tensor of shape {tuple(expected.shape)}, "
@@ -159,9 +173,58 @@ def assert_equal(actual, expected, what: str = "value") -> None:
         if not torch.equal(actual.detach().cpu().to(torch.promote_types(actual.dtype, expected.dtype)),
                            expected.detach().cpu().to(torch.promote_types(actual.dtype, expected.dtype))):
             raise AssertionError(f"{what}: differs from the expected tensor of shape {tuple(expected.shape)}: "
-                                 f"{_describe_mismatch(actual, expected)}")
+                                 f"{_describe_mismatch(actual, expected, axes=axes)}")
     elif actual != expected:
         raise AssertionError(f"{what}: got {actual!r}, expected {expected!r}")
+
+
+_NUMBER = re.compile(r"(-?)(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
+def numbers_in(text: str) -> list[float]:
+    """The numbers a message writes, whatever the words around them: ``"5 rows > max_len=4"`` gives
+    [5.0, 4.0]. Thousands separators (``1,024``) are read as one number; a minus sign counts only
+    right before the digits (``-2``), so a range ``0-3`` gives 0 and 3."""
+    text = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", text)
+    found = []
+    for m in _NUMBER.finditer(text):
+        sign = -1.0 if m.group(1) and (m.start() == 0 or not text[m.start() - 1].isalnum()) else 1.0
+        found.append(sign * float(m.group(2)))
+    return found
+
+
+def _message(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:  # a student's exception whose __str__ fails
+        return ""
+
+
+@contextlib.contextmanager
+def raises(error: type[BaseException] | tuple[type[BaseException], ...], mentions: Iterable[float] = (),
+           what: str = "this call") -> Iterator[None]:
+    """The block must raise ``error`` (or a subclass), and its message must give every number in
+    ``mentions``: the values the exercise asks the message to name, in any wording and order.
+    Anything else (no error, another error type, a message without one of the numbers) fails with
+    an ``AssertionError`` that says which. A time limit running out (``GradingTimeout``) passes through."""
+    wanted = list(mentions)
+    names = error.__name__ if isinstance(error, type) else " or ".join(e.__name__ for e in error)
+    try:
+        yield
+    except GradingTimeout:
+        raise
+    except error as e:
+        message = _message(e)
+        given = numbers_in(message)
+        missing = [n for n in wanted if not any(g == n for g in given)]
+        if missing:
+            need = ("the number " if len(wanted) == 1 else "the numbers ") + ", ".join(f"{n:g}" for n in wanted)
+            raise AssertionError(f"{what}: the {names} is right, but its message must give {need} "
+                                 f"(in any words); it says {message!r}") from None
+        return
+    except Exception as e:
+        raise AssertionError(f"{what}: expected a {names}, got {type(e).__name__}: {_message(e)}") from None
+    raise AssertionError(f"{what}: expected a {names}, but nothing was raised")
 
 
 class RowCounter:

@@ -68,6 +68,8 @@ class BlockPool:
 
     def share(self, block: int) -> None:
         """One more holder for an allocated block."""
+        if not 0 <= block < self.num_blocks:  # refs[-1] would silently be the last block
+            raise ValueError(f"block {block} is not in this pool (ids 0..{self.num_blocks - 1})")
         if self.refs[block] == 0:
             raise ValueError(f"block {block} is free; only an allocated block can be shared")
         self.refs[block] += 1

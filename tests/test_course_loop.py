@@ -233,6 +233,31 @@ def test_self_check_visible_tests(week, tmp_path):
     assert "[FAIL] test_double (0/2)" in p.stdout and "double(2) gave 6, expected 4" in p.stdout, p.stdout
 
 
+def test_stretch_report_says_what_the_stretch_check_said():
+    """`check` shows the ungraded stretch's own check: its last printed line, or its error (issue 38: a passing
+    stretch said nothing)."""
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from autograder.job import stretch_report
+
+    answer = new_code_cell("def f():\n    return 1", metadata={"nbgrader": {
+        "grade": False, "grade_id": "stretch_f", "locked": False, "schema_version": 3, "solution": True, "task": False}})
+    check = new_code_cell("assert f() == 1\nprint('Stretch check passed')")
+
+    def nb(*outputs):
+        check.outputs = list(outputs)
+        return new_notebook(cells=[new_markdown_cell("## 1. Warm-up: x"), new_code_cell("x = 1"),
+                                   new_markdown_cell("## Stretch (optional, ungraded): f\nEstimated time: about 5 min"),
+                                   answer, check])
+
+    assert stretch_report(nb(new_output("stream", name="stdout", text="one\nStretch check passed\n"))) == (
+        "Stretch check passed")
+    assert stretch_report(nb(new_output("error", ename="AssertionError", evalue="f() gave  2", traceback=[]))) == (
+        "failed: AssertionError: f() gave 2")
+    assert stretch_report(nb()) == "ran; its check printed nothing"
+    assert stretch_report(new_notebook(cells=[new_markdown_cell("## 1. Warm-up: x")])) == ""
+
+
 def test_canary_names_the_setting(week, tmp_path):
     lines: list[str] = []
     status = grade_batch(week["archive"], tmp_path / "out", week["solutions"], workers=1,

@@ -267,3 +267,51 @@ def test_assert_faster_fails_for_equal_functions():
     # The same function twice: the ratio is about 1, never 3.
     with pytest.raises(AssertionError, match=r"only \d+\.\d\dx faster .* at least 3x"):
         grading.assert_faster(same, same, at_least=3.0)
+
+
+def test_numbers_in_reads_numbers_in_any_wording():
+    assert grading.numbers_in("5 rows asked for, max_len=4") == [5, 4]
+    assert grading.numbers_in("chunk_size must be a positive int, got -2") == [-2]
+    assert grading.numbers_in("got 2.5; 1,024 slots; rows 0-3 of layer_2") == [2.5, 1024, 0, 3, 2]
+    assert grading.numbers_in("no number here") == []
+
+
+def test_raises_checks_the_error_and_the_numbers_of_its_message():
+    with grading.raises(ValueError, mentions=(5, 4), what="overflow"):
+        raise ValueError("the cache would hold 5 rows; 4 fit")
+    with grading.raises(ValueError, mentions=(-2,)):
+        raise ValueError("chunk_size=-2 is not a positive int")
+    # Each way to fail says which: a number missing, another error type, no error at all.
+    with pytest.raises(AssertionError, match=r"overflow: the ValueError is right, but its message must give "
+                                             r"the numbers 5, 4 \(in any words\); it says 'cache full'"):
+        with grading.raises(ValueError, mentions=(5, 4), what="overflow"):
+            raise ValueError("cache full")
+    with pytest.raises(AssertionError, match="must give the number -2"):
+        with grading.raises(ValueError, mentions=(-2,)):
+            raise ValueError("got 2")  # the sign matters
+    with pytest.raises(AssertionError, match="overflow: expected a ValueError, got IndexError: out of range"):
+        with grading.raises(ValueError, what="overflow"):
+            raise IndexError("out of range")
+    with pytest.raises(AssertionError, match="expected a ValueError or KeyError, but nothing was raised"):
+        with grading.raises((ValueError, KeyError)):
+            pass
+    with pytest.raises(grading.GradingTimeout):  # a time limit is never taken for the student's error
+        with grading.raises(AssertionError):
+            raise grading.GradingTimeout("too slow")
+
+    class Broken(ValueError):
+        def __str__(self):
+            raise RuntimeError("no message")
+
+    with pytest.raises(AssertionError, match="it says ''"):
+        with grading.raises(ValueError, mentions=(1,)):
+            raise Broken()
+
+
+def test_assert_equal_names_the_axes():
+    a, b = torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)
+    b[1, 2, 0] = 1.0
+    with pytest.raises(AssertionError, match=r"at \(head 1, token 2, dim 0\): got 0.0, expected 1.0"):
+        grading.assert_equal(a, b, what="keys", axes=("head", "token", "dim"))
+    with pytest.raises(AssertionError, match=r"at index \(1, 2, 0\)"):  # no names, or not one per dimension
+        grading.assert_equal(a, b, what="keys", axes=("head", "token"))

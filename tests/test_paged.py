@@ -145,6 +145,13 @@ def test_free_twice_and_free_shared():
     assert pool.num_free == 4
     with pytest.raises(ValueError, match="not in this pool"):
         pool.free(9)
+    b = pool.allocate(4)[-1]
+    for bad in (-1, 4):  # -1 would be refs[-1], the last block
+        with pytest.raises(ValueError, match="not in this pool"):
+            pool.share(bad)
+        with pytest.raises(ValueError, match="not in this pool"):
+            pool.free(bad)
+    assert pool.refs == [1, 1, 1, 1] and pool.num_free == 0
 
 
 @torch.inference_mode()

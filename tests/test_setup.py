@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
 import importlib.metadata
+import os
 import re
+import socket
+import subprocess
 import sys
+import threading
+import time
+import venv
 from pathlib import Path
 
 import pytest
@@ -224,3 +232,90 @@ def test_pyproject_dependencies_match_the_pins():
     p = pins()
     assert {k: v for k, v in got.items() if p.get(k) != v} == {}, "pyproject pins differ from requirements.txt"
     assert "jupyterlab" in p, "JupyterLab is the students' tool: pin it in requirements.txt"
+
+
+# (g) the CPU build of torch: scripts/torch_cpu.py, which `make venv` runs before the pinned requirements
+
+
+def run_torch_cpu(tmp_path: Path, python: str, **env_extra: str) -> tuple[subprocess.CompletedProcess, float]:
+    """scripts/torch_cpu.py run by ``python`` (a bare venv: no torch, no pip, nothing downloaded)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVREF_TORCH")}
+    env.update(env_extra)
+    t0 = time.monotonic()
+    p = subprocess.run([python, str(ROOT / "scripts" / "torch_cpu.py"), str(ROOT / "requirements.txt")],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    return p, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> str:
+    where = tmp_path_factory.mktemp("bare") / "venv"
+    venv.create(where, with_pip=False)
+    return str(where / "bin" / "python")
+
+
+def test_torch_cpu_falls_back_in_one_line_when_the_index_hangs(tmp_path, bare_python):
+    """An index that accepts the connection and never answers (the worst case: no error, no reply) costs the
+    timeout, never a hang, and the set-up goes on with one line saying why."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # the kernel completes the handshake; nobody ever reads or answers
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/whl/cpu"
+        p, seconds = run_torch_cpu(tmp_path, bare_python, KVREF_TORCH="cpu", KVREF_TORCH_INDEX=url,
+                                   KVREF_TORCH_TIMEOUT="2")
+    finally:
+        silent.close()
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [f"torch: {url} did not answer (waited at most 2 s), so torch==2.13.0 comes "
+                                     f"from the default index (on Linux the CUDA build, several GB, unless a local "
+                                     f"CPU wheel is found)"], p.stdout
+    assert seconds < 2 + 8, f"the fallback took {seconds:.1f} s"  # 2 s of timeout; the rest is Python's start
+
+
+def test_torch_cpu_says_so_when_the_install_fails(tmp_path, bare_python):
+    """The index answers but pip cannot install (here: the venv has no pip): one more line, exit status 0."""
+    (tmp_path / "whl" / "cpu" / "torch").mkdir(parents=True)
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/whl/cpu"
+        p, _ = run_torch_cpu(tmp_path, bare_python, KVREF_TORCH="cpu", KVREF_TORCH_INDEX=url)
+    finally:
+        server.shutdown()
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[0] == f"torch: installing the CPU build of torch==2.13.0 from {url}", p.stdout
+    assert p.stdout.splitlines()[-1].startswith("torch: the CPU build could not be installed (pip exited 1)"), p.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CUDA build is PyPI's torch on Linux only")
+def test_torch_cpu_leaves_the_cuda_build_to_a_gpu_machine(tmp_path, bare_python):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    p, _ = run_torch_cpu(tmp_path, bare_python, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}",
+                         KVREF_TORCH_INDEX="http://127.0.0.1:9/never-asked")
+    assert p.returncode == 0 and p.stdout.splitlines() == [
+        "torch: an NVIDIA GPU is present, so torch==2.13.0 comes from the default index (the CUDA build; "
+        "KVREF_TORCH=cpu for the CPU build)"], p.stdout + p.stderr
+
+
+def test_torch_cpu_does_nothing_when_the_pin_is_installed(tmp_path):
+    """This environment has torch at the pin (a local CPU wheel here): no line, no network."""
+    p, _ = run_torch_cpu(tmp_path, sys.executable, KVREF_TORCH="cpu", KVREF_TORCH_INDEX="http://127.0.0.1:9/no")
+    assert p.returncode == 0 and p.stdout == "", p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("makefile", ["Makefile", "docs/student/Makefile"])
+def test_make_venv_installs_the_cpu_torch_before_the_pins(makefile):
+    """`make venv` (course and student edition) runs scripts/torch_cpu.py before `pip install -r requirements.txt`,
+    so the pinned install finds torch already there."""
+    p = subprocess.run(["make", "-n", "-B", "-f", str(ROOT / makefile), "venv"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    script = [i for i, line in enumerate(lines) if "scripts/torch_cpu.py requirements.txt" in line]
+    pinned = [i for i, line in enumerate(lines) if "pip install -r requirements.txt" in line]
+    assert script and pinned and script[0] < pinned[0], p.stdout

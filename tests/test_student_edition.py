@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -51,6 +52,43 @@ def test_edition_has_what_a_student_needs_and_nothing_else(edition):
     assert "jupyterlab==" in reqs and "torch==" in reqs and "jupyter-book" not in reqs
     readme = (edition / "README.md").read_text()
     assert "make check NB=" in readme and "Validate" in readme and "make venv" in readme
+
+
+# The import names of the packages the edition leaves out (and of what only they pull in: Sphinx, myst-nb).
+DROPPED_IMPORTS = ("jupyter_book", "jupytext", "pytest", "_pytest", "xdist", "pypdf", "sphinx_intl", "jieba",
+                   "transformers", "matplotlib", "sphinx", "myst_nb")
+
+
+def test_student_requirements_are_what_the_notebooks_need(edition):
+    """The edition's requirements leave out the book's, the tests' and the instructor's packages (issue 38: a
+    student's `make venv` installs only what the student edition needs), and every import of every notebook, and
+    `make check`'s grader, load with those packages made unimportable."""
+    names = {line.split("==")[0] for line in (edition / "requirements.txt").read_text().split()}
+    assert {"torch", "nbgrader", "jupyterlab", "ipykernel", "ipywidgets", "numpy", "safetensors", "tqdm"} <= names
+    assert not names & {"transformers", "matplotlib", "jupyter-book", "pytest", "pytest-xdist", "sphinx-intl"}, names
+    assert (edition / "scripts" / "torch_cpu.py").is_file() and "scripts/torch_cpu.py" in (edition / "Makefile").read_text()
+    imports = set()
+    for path in sorted((edition / "notebooks").glob("*.ipynb")):
+        for cell in nbs.read(path).cells:
+            if cell.cell_type == "code":
+                imports |= {ast.unparse(n) for n in ast.walk(ast.parse(cell.source))
+                            if isinstance(n, (ast.Import, ast.ImportFrom))}
+    assert any("kvref" in line for line in imports), imports
+    code = ("import importlib.abc, sys\n"
+            f"BLOCKED = {DROPPED_IMPORTS!r}\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in BLOCKED:\n"
+            "            raise ImportError(f'{name} is not in the student edition')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            + "".join(f"{line}\n" for line in sorted(imports))
+            + "import kvref, autograder.check, autograder.__main__\n"
+            "assert kvref.__file__.startswith(sys.argv[1]), kvref.__file__\n"
+            "print('imported', len(sys.modules), 'modules')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    p = subprocess.run([sys.executable, "-c", code, str(edition)], capture_output=True, text=True, cwd=edition,
+                       env=dict(env, PYTHONPATH=str(edition)), timeout=300)
+    assert p.returncode == 0 and "imported" in p.stdout, p.stderr[-3000:]
 
 
 def test_edition_has_no_solution_or_hidden_test(edition, tmp_path):

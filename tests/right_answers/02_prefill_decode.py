@@ -69,10 +69,11 @@ RIGHT = {
          "    gaps = np.diff(stamps)\n"
          "    stats = {\"ttft_s\": gaps[0], \"decode_s\": list(gaps[1:])}\n"
          "    return torch.cat([input_ids, torch.stack(new, dim=1)], dim=1), stats"),
-        # the check written with type() and <= 0; a while loop over the start position
+        # the check written with type() and <= 0, the value given at the end of the message in other words; a
+        # while loop over the start position
         ("prefill_chunked", CHECK,
          "    if type(chunk_size) is not int or chunk_size <= 0:\n"
-         "        raise ValueError('chunk_size: a whole number of tokens >= 1')\n"),
+         "        raise ValueError('chunk_size: a whole number of tokens >= 1, not ' + str(chunk_size))\n"),
         ("prefill_chunked", CHUNKED,
          "    start, T = 0, input_ids.shape[1]\n"
          "    while start < T:\n"

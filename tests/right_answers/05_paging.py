@@ -22,8 +22,11 @@ RIGHT = {
          "    return torch.cat(parts, dim=1) if parts else pool[:, :0]"),
         ("waste", CEIL, "    return math.ceil(n_tokens / block_size)"),
         ("block_allocator", "block = self.free_ids.pop(0)", "block = min(self.free_ids)\n        self.free_ids.remove(block)"),
+        # fork checks every block before it shares any (instead of undoing the shares made)
         ("copy_on_write",
-         "    for block in table:\n        alloc.share(block)\n    return list(table)",
+         "    done = []\n    try:\n        for block in table:\n            alloc.share(block)\n            done.append(block)\n    except ValueError:\n        for block in done:  # a refused fork leaves every holder count as it was\n            alloc.free(block)\n        raise\n    return list(table)",
+         "    if any(alloc.refs[b] == 0 for b in table):\n"
+         "        raise ValueError(f\"table {table} lists a block nobody holds\")\n"
          "    new_table = table[:]\n    for block in new_table:\n        alloc.share(block)\n    return new_table"),
         ("copy_on_write",
          "        src = slice(old * block_size, old * block_size + offset)  # the rows already written\n"

@@ -53,4 +53,68 @@ RIGHT = {
         ("per_token_bytes", "    b = torch.empty((), dtype=dtype).element_size()\n",
          "    b = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}[dtype]\n"),
     ],
+    # The issue-38 styles: one stacked buffer for all layers written with narrow().copy_(), SDPA with the heads
+    # folded into the query rows (and a (H*T, S) mask), a match/case planner.
+    "stacked_buffer_sdpa_match": [
+        ("latent_cache",
+         "        self.buf = [torch.zeros(batch, max_len, kv_lora_rank + rope_dim, dtype=dtype)  # (B, max_len, r + d_R)\n"
+         "                    for _ in range(n_layers)]\n",
+         "        self.buf = torch.zeros(n_layers, batch, max_len, kv_lora_rank + rope_dim, dtype=dtype)  # (L, B, max_len, r + d_R)\n"),
+        ("latent_cache",
+         "        buf[:, self.length:end, :self.r] = c_new  # in place\n"
+         "        buf[:, self.length:end, self.r:] = k_rope_new\n",
+         "        rows = buf.narrow(1, self.length, T)  # (B, T, r + d_R), a view\n"
+         "        rows.narrow(2, 0, self.r).copy_(c_new)\n"
+         "        rows.narrow(2, self.r, buf.shape[-1] - self.r).copy_(k_rope_new)\n"),
+        ("latent_cache", "return sum(t.numel() * t.element_size() for t in self.buf)",
+         "return self.buf.numel() * self.buf.element_size()"),
+        ("absorbed_attention", ABSORBED,
+         "    q_lat = torch.einsum(\"bhtd,hdr->bhtr\", q_nope, w_uk)  # (B, H, T, r)\n"
+         "    q = torch.cat([q_lat, q_rope], dim=-1).reshape(B, H * T, r + d_R)  # heads folded into the rows\n"
+         "    k = torch.cat([c_kv, k_rope], dim=-1)  # (B, S, r + d_R): one shared key per row\n"
+         "    o_lat = F.scaled_dot_product_attention(q, k, c_kv, attn_mask=mask.repeat(H, 1),\n"
+         "                                           scale=(d_n + d_R) ** -0.5)  # (B, H*T, r)\n"
+         "    out = torch.einsum(\"bhtr,hvr->bhtv\", o_lat.view(B, H, T, r), w_uv)\n"),
+        ("planner", PLANNER,
+         "    b, kind = torch.empty((), dtype=dtype).element_size(), layer_kind(cfg, layer)\n"
+         "    match kind:\n"
+         "        case \"full\" | \"sliding\":\n"
+         "            rows = seq_len if kind == \"full\" else min(seq_len, cfg.sliding_window)\n"
+         "            return batch * 2 * rows * cfg.n_kv_heads * cfg.head_dim * b\n"
+         "        case \"latent\" | \"sparse\":\n"
+         "            extra = cfg.index_head_dim if kind == \"sparse\" else 0\n"
+         "            return batch * seq_len * (cfg.kv_lora_rank + cfg.qk_rope_head_dim + extra) * b\n"
+         "        case \"linear\":\n"
+         "            if seq_len == 0:\n"
+         "                return 0\n"
+         "            k_dim, v_dim = cfg.linear_key_head_dim, cfg.linear_value_head_dim\n"
+         "            channels = 2 * cfg.linear_num_key_heads * k_dim + cfg.linear_num_value_heads * v_dim\n"
+         "            state = cfg.linear_num_value_heads * k_dim * v_dim\n"
+         "            return batch * (state + channels * (cfg.linear_conv_kernel_dim - 1)) * b\n"
+         "        case _:\n"
+         "            return 0\n"),
+    ],
+    # index_copy_ into the buffer (cast to its dtype first: index_copy_ wants one dtype), bmm with a hand-written
+    # softmax.
+    "index_copy_bmm_softmax": [
+        ("latent_cache",
+         "        buf[:, self.length:end, :self.r] = c_new  # in place\n"
+         "        buf[:, self.length:end, self.r:] = k_rope_new\n",
+         "        rows = torch.cat([c_new, k_rope_new], dim=-1).to(buf.dtype)  # (B, T, r + d_R)\n"
+         "        buf.index_copy_(1, torch.arange(self.length, end), rows)\n"),
+        # the overflow message in other words, the two numbers still in it
+        ("latent_cache", 'f"the cache holds at most {self.max_len} rows; {self.length} held + {T} new = {end}"',
+         'f"no room: {end} rows requested > max_len={self.max_len}"'),
+        ("absorbed_attention", ABSORBED,
+         "    q_h = q_nope.permute(1, 0, 2, 3).reshape(H, B * T, d_n)  # (H, B*T, d_n)\n"
+         "    q_lat = torch.bmm(q_h, w_uk).view(H, B, T, r).permute(1, 0, 2, 3)  # (B, H, T, r)\n"
+         "    q_all = torch.cat([q_lat, q_rope], dim=-1).reshape(B, H * T, r + d_R)\n"
+         "    k_all = torch.cat([c_kv, k_rope], dim=-1)  # (B, S, r + d_R)\n"
+         "    s = torch.bmm(q_all, k_all.transpose(1, 2)).view(B, H, T, -1) / math.sqrt(d_n + d_R)\n"
+         "    s = s.masked_fill(~mask, float(\"-inf\"))\n"
+         "    p = torch.exp(s - s.amax(dim=-1, keepdim=True))\n"
+         "    p = p / p.sum(dim=-1, keepdim=True)\n"
+         "    o_lat = torch.bmm(p.reshape(B, H * T, -1), c_kv).view(B, H, T, r)\n"
+         "    out = torch.einsum(\"bhtr,hvr->bhtv\", o_lat, w_uv)\n"),
+    ],
 }

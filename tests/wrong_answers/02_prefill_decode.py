@@ -56,6 +56,11 @@ WRONG = {
         ("prefill_chunked", "logits = model(input_ids[:, start:start + chunk_size], cache=cache, attention_mask=part)  # (B, chunk, V)",
          "return model(input_ids[:, start:start + chunk_size], cache=cache, attention_mask=part)[:, -1]"),
     ],
+    # Issue 38: the error says what is allowed but not the value it got (the text asks for both).
+    "chunk_error_without_value": [
+        ("prefill_chunked", 'raise ValueError(f"chunk_size must be a positive int (tokens per call), got {chunk_size!r}")',
+         'raise ValueError("chunk_size must be a positive int (tokens per call)")'),
+    ],
     # No check of chunk_size: 0 happens to raise (range's own ValueError), but -2 runs no chunk at all.
     "chunk_size_not_checked": [
         ("prefill_chunked", "if not isinstance(chunk_size, int) or chunk_size < 1:", "if False:"),

@@ -78,7 +78,18 @@ WRONG = {
     # fork() copies the table but adds no holder: the first writer never sees the block as shared and writes into
     # the other sample's tokens.
     "fork_without_share": [
-        ("copy_on_write", "    for block in table:\n        alloc.share(block)\n", ""),
+        ("copy_on_write", "    done = []\n    try:\n        for block in table:\n            alloc.share(block)\n            done.append(block)\n    except ValueError:\n        for block in done:  # a refused fork leaves every holder count as it was\n            alloc.free(block)\n        raise\n", ""),
+    ],
+    # Issue 38: fork() shares block after block and stops at the first refusal: the blocks before it keep a holder
+    # nobody will free.
+    "fork_refused_halfway": [
+        ("copy_on_write", "    done = []\n    try:\n        for block in table:\n            alloc.share(block)\n            done.append(block)\n    except ValueError:\n        for block in done:  # a refused fork leaves every holder count as it was\n            alloc.free(block)\n        raise\n", "    for block in table:\n        alloc.share(block)\n"),
+    ],
+    # Issue 38: no range check: share(-1) / free(-1) quietly change refs[-1], the last block.
+    "ids_outside_pool_accepted": [
+        ("block_allocator", "        if not 0 <= block < self.num_blocks:\n"
+                            "            raise ValueError(f\"block {block} is not in this pool (ids 0..{self.num_blocks - 1})\")\n",
+         ""),
     ],
     # fork() returns the same list: both samples append to one table.
     "fork_returns_same_table": [

@@ -142,4 +142,26 @@ WRONG = {
         ("planner", "return sum(layer_bytes(cfg, i, batch, seq_len, dtype) for i in range(cfg.n_layers))",
          "return cfg.n_layers * layer_bytes(cfg, 0, batch, seq_len, dtype)"),
     ],
+    # Issue 38: the read counts set (=) instead of added (+=). Every call with a fresh dict looks right; the model
+    # passes one dict to every layer, so a 2-layer forward counts one layer.
+    "reads_assigned_not_added": [
+        ("absorbed_attention", 'reads["cache"] += c_kv.numel() + k_rope.numel()',
+         'reads["cache"] = c_kv.numel() + k_rope.numel()'),
+        ("absorbed_attention", 'reads["weights"] += w_kv_b.numel()', 'reads["weights"] = w_kv_b.numel()'),
+    ],
+    # Issue 38: the mask applied only to chunks (T > 1): a decode step that hides rows (padding, a window) sees them.
+    "mask_only_for_chunks": [
+        ("absorbed_attention", 'att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)',
+         'att = (att.masked_fill(~mask, float("-inf")) if T > 1 else att).softmax(dim=-1)'),
+    ],
+    # Issue 38: the RoPE key copied once per head (a matmul against an expanded view materialises B * H * S * d_R).
+    "rope_key_copied_per_head": [
+        ("absorbed_attention", 'att = att + torch.einsum("bhtd,bsd->bhts", q_rope, k_rope)',
+         'att = att + q_rope @ k_rope[:, None].expand(B, H, -1, -1).transpose(-2, -1)'),
+    ],
+    # Issue 38: the overflow error without the numbers the text asks for (the rows it would hold, max_len).
+    "overflow_message_without_numbers": [
+        ("latent_cache", 'f"the cache holds at most {self.max_len} rows; {self.length} held + {T} new = {end}"',
+         '"the cache is full"'),
+    ],
 }
