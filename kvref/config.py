@@ -59,6 +59,14 @@ class ModelConfig:
     linear_key_head_dim: int | None = None
     linear_value_head_dim: int | None = None
     linear_conv_kernel_dim: int | None = None
+    linear_state_dtype: str | None = None  # the state matrix's storage: None -> the cache's dtype; "fp32" as HF keeps it
+    index_key_dtype: str | None = None  # indexer key: None -> the cache's dtype (HF); "fp8" + an fp32 scale (DeepSeek, vLLM)
+    # -- 2026: DeepSeek-V4's compressed layers, Gemma 4's wider global layers (planner only) ------------------------
+    k_is_v: bool = False  # one tensor is both key and value (DeepSeek-V4's shared-KV MQA): cached once, not twice
+    csa_rate: int | None = None  # "csa" layers: one compressed row per csa_rate tokens (DeepSeek-V4: 4)
+    hca_rate: int | None = None  # "hca" layers: one compressed row per hca_rate tokens (DeepSeek-V4: 128)
+    global_head_dim: int | None = None  # D of the "full" layers where it differs from the others' (Gemma 4: 512)
+    global_n_kv_heads: int | None = None  # H_kv of the "full" layers where it differs (Gemma 4 31B: 4)
 
     def __post_init__(self) -> None:
         def fix(name: str, value: object) -> None:
@@ -98,9 +106,10 @@ class ModelConfig:
             raise ValueError(f"sliding_window must be >= 1 or None; got {self.sliding_window}")
         if isinstance(self.layer_types, list):
             fix("layer_types", tuple(self.layer_types))
-        from .kinds import is_layered, validate
+        from .kinds import is_layered, validate, validate_storage
 
         validate(self)
+        validate_storage(self)
         if self.arch == "gpt2" and is_layered(self):
             raise ValueError("arch='gpt2' has no per-layer kinds, q/k norms or RoPE options; use arch='llama'")
         for name in ("attn_scale", "rope_local_theta", "rope_scaling"):
@@ -175,17 +184,34 @@ def _pattern(n: int, every: int, other: str, last: str = "full") -> tuple[str, .
     return tuple(last if (i + 1) % every == 0 else other for i in range(n))
 
 
-def _gemma3n_types(n: int = 35, n_shared: int = 15) -> tuple[str, ...]:
-    """Gemma 3n: 4 sliding : 1 full; the last ``n_shared`` layers read the last earlier layer of their kind."""
-    base = _pattern(n, 5, "sliding")
-    own = n - n_shared
+def _shared_tail(base: tuple[str, ...], n_shared: int) -> tuple[str, ...]:
+    """The last ``n_shared`` layers of ``base`` read the last earlier layer of their kind (Gemma 3n, Gemma 4)."""
+    own = len(base) - n_shared
     src = {k: max(i for i in range(own) if base[i] == k) for k in ("sliding", "full")}
     return base[:own] + tuple(f"shared:{src[k]}" for k in base[own:])
+
+
+def _gemma3n_types(n: int = 35, n_shared: int = 15) -> tuple[str, ...]:
+    """Gemma 3n: 4 sliding : 1 full; the last ``n_shared`` layers read the last earlier layer of their kind."""
+    return _shared_tail(_pattern(n, 5, "sliding"), n_shared)
+
+
+def _glm52_types(n: int = 78, freq: int = 4, offset: int = 3) -> tuple[str, ...]:
+    """GLM-5.2's indexer_types: a layer runs the DSA indexer ("sparse": it caches the indexer key) when
+    max(i - offset + 1, 0) % freq == 0; the others reuse that layer's top-k and cache the latent only."""
+    return tuple("sparse" if max(i - offset + 1, 0) % freq == 0 else "latent" for i in range(n))
 
 
 # Kept apart from PRESETS, which chapters 3 and 4 walk as "the models of this course" (GPT-2/Llama shapes
 # with weights kvref can count): these are for the per-layer planner (kvref.planner, chapter 10).
 MODERN_PRESETS: dict[str, ModelConfig] = {
+    # https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json: Llama-3-8B's shape with a 128K context
+    # (max_position_embeddings 131072; its "llama3" RoPE scaling, which the cache does not feel, is left out).
+    # Chapter 10's full-attention baseline at 128K: every layer "full", no layer_types.
+    "llama-3.1-8b": ModelConfig(
+        arch="llama", n_layers=32, n_heads=32, n_kv_heads=8, d_model=4096, d_ff=14336,
+        vocab_size=128256, max_seq_len=131072, rope_theta=500000.0, tie_embeddings=False, norm_eps=1e-5,
+    ),
     # https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json (61 layers, MLA in every layer;
     # first_k_dense_replace 3: layers 3-60 are MoE, which only the weights, not the cache, feel)
     "deepseek-v3": ModelConfig(
@@ -233,5 +259,39 @@ MODERN_PRESETS: dict[str, ModelConfig] = {
         arch="gemma", n_layers=35, n_heads=8, n_kv_heads=2, d_model=2048, head_dim=256, d_ff=16384,
         vocab_size=262400, max_seq_len=32768, rope_theta=1000000.0, tie_embeddings=True, norm_eps=1e-6,
         sliding_window=512, layer_types=_gemma3n_types(), qk_norm=True, attn_scale=1.0, rope_local_theta=10000.0,
+    ),
+    # -- 2026 ------------------------------------------------------------------------------------------------------
+    # DeepSeek-V4-Flash (https://huggingface.co/deepseek-ai/DeepSeek-V4-Flash, config.json; transformers 5.22's
+    # DeepseekV4Config and its cache layers DeepseekV4HCACache / DeepseekV4CSACache): 43 layers, one K/V head of
+    # 512 numbers that is both key and value (shared-KV MQA), a 128-token window in every layer;
+    # compress_ratios [0, 0, 4, 128, 4, 128, ...]: layers 0-1 keep the window only, then compressed sparse (CSA:
+    # one row per 4 tokens, an indexer key of 128 per row, each query reads the top 512) and heavily compressed
+    # (HCA: one row per 128 tokens) layers alternate; a 1M-token context
+    "deepseek-v4-flash": ModelConfig(
+        arch="llama", n_layers=43, n_heads=64, n_kv_heads=1, d_model=4096, head_dim=512, d_ff=2048,
+        vocab_size=129280, max_seq_len=1048576, rope_theta=10000.0, tie_embeddings=False, norm_eps=1e-6,
+        sliding_window=128, k_is_v=True, layer_types=("sliding",) * 2 + ("csa", "hca") * 20 + ("csa",),
+        csa_rate=4, hca_rate=128, index_topk=512, index_head_dim=128, q_lora_rank=1024,
+    ),
+    # GLM-5.2 (https://huggingface.co/zai-org/GLM-5.2/blob/main/config.json; transformers 5.22's glm_moe_dsa):
+    # DeepSeek-V3.2's MLA + DSA at 78 layers (kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 192,
+    # v_head_dim 256, index_head_dim 128, index_topk 2048), with the indexer shared (index_topk_freq 4,
+    # index_skip_topk_offset 3): the 21 "full" indexer layers (0, 1, 2, then every 4th) cache its key, the 57
+    # "shared" ones build no indexer (GlmMoeDsaAttention.indexer is None) and cache the latent only; 1M context
+    "glm-5.2": ModelConfig(
+        arch="llama", n_layers=78, n_heads=64, n_kv_heads=64, d_model=6144, head_dim=256, d_ff=12288,
+        vocab_size=154880, max_seq_len=1048576, rope_theta=8000000.0, tie_embeddings=False, norm_eps=1e-5,
+        layer_types=_glm52_types(), kv_lora_rank=512, q_lora_rank=2048, qk_rope_head_dim=64,
+        qk_nope_head_dim=192, v_head_dim=256, index_topk=2048, index_head_dim=128,
+    ),
+    # Gemma 4 E4B (transformers' convert_gemma4_weights.py, variant gemma-4-e4b, and 5.22's Gemma4TextConfig):
+    # 42 layers, 5 sliding (window 512) : 1 full, 2 K/V heads of 256 in the sliding layers and of
+    # global_head_dim 512 in the full ones; num_kv_shared_layers 18: layers 24-41 reuse layer 22's (sliding)
+    # or 23's (full) K/V, the last earlier layer of their type (Gemma4TextAttention.store_full_length_kv)
+    "gemma-4-e4b": ModelConfig(
+        arch="gemma", n_layers=42, n_heads=8, n_kv_heads=2, d_model=2560, head_dim=256, d_ff=10240,
+        vocab_size=262144, max_seq_len=131072, rope_theta=1000000.0, tie_embeddings=True, norm_eps=1e-6,
+        sliding_window=512, layer_types=_shared_tail(_pattern(42, 6, "sliding"), 18), qk_norm=True, attn_scale=1.0,
+        rope_local_theta=10000.0, global_head_dim=512,
     ),
 }

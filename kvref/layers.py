@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from .attention import ATTENTION, build_mask
 from .cache import DynamicCache, KVCache, StaticCache
 from .evict import SlidingWindowCache
-from .kinds import RUNNABLE, kv_source, layer_kind
+from .kinds import check_runnable, kv_source, layer_kind
 from .mla import LatentCache, MLAttention
 from .model import Linear, RMSNorm, apply_rope
 
@@ -132,10 +132,7 @@ class LayerBlock(nn.Module):
 
 
 def build_blocks(cfg) -> nn.ModuleList:
-    for i in range(cfg.n_layers):
-        if layer_kind(cfg, i) not in RUNNABLE:
-            raise ValueError(f"layer_types[{i}] = {cfg.layer_types[i]!r}: kvref plans the memory of this kind but "
-                             f"does not run it; runnable kinds: {', '.join(RUNNABLE)}")
+    check_runnable(cfg)
     return nn.ModuleList(LayerBlock(cfg, i) for i in range(cfg.n_layers))
 
 
@@ -251,10 +248,9 @@ class LayeredCache(KVCache):
         dtype = dtype or torch.get_default_dtype()
         self.slot: dict[int, tuple[str, int]] = {}  # layer -> (group, index within the group)
         counts: dict[str, int] = {}
+        check_runnable(cfg)  # every kind runnable, no planner-only field
         for i in range(cfg.n_layers):
             kind = layer_kind(cfg, i)
-            if kind not in RUNNABLE:
-                raise ValueError(f"LayeredCache stores full, sliding, latent and shared layers; layer {i} is {kind!r}")
             if kind != "shared":
                 self.slot[i] = (kind, counts.get(kind, 0))
                 counts[kind] = counts.get(kind, 0) + 1

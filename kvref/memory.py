@@ -44,17 +44,27 @@ def bytes_per_element(dtype: torch.dtype | str) -> int:
     return torch.empty((), dtype=as_dtype(dtype)).element_size()
 
 
-def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype | str = torch.float16) -> int:
+def _per_layer(cfg: ModelConfig) -> bool:
+    """Does this config need the per-layer sum (kvref.planner): layer kinds, or layers of their own shape?"""
+    from .kinds import PLANNER_ONLY_FIELDS
+
+    return cfg.layer_types is not None or any(getattr(cfg, n) not in (None, False) for n in PLANNER_ONLY_FIELDS)
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype | str = torch.float16) -> int | float:
     """Bytes one token adds to the cache across all layers: 2 * L * H_kv * D * bytes.
 
     With per-layer kinds (``cfg.layer_types``): what one more token adds once S is long, i.e. the
-    full, latent and sparse layers; sliding, linear and shared layers stop growing (see layer_kv_bytes).
+    full, latent and sparse layers, and a compressed (csa, hca) layer's row every m tokens, 1/m of it per
+    token (a float where that is not a whole number of bytes); sliding, linear and shared layers stop
+    growing (see layer_kv_bytes).
     """
-    if cfg.layer_types is None:
+    if not _per_layer(cfg):
         return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * bytes_per_element(dtype)
-    from .planner import per_token_elements
+    from .planner import per_token_bytes
 
-    return sum(per_token_elements(cfg, i) for i in range(cfg.n_layers)) * bytes_per_element(dtype)
+    total = sum(per_token_bytes(cfg, i, dtype) for i in range(cfg.n_layers))
+    return int(total) if total == int(total) else total
 
 
 def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtype | str = torch.float16, *,
@@ -74,10 +84,11 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtyp
         full precision.
     """
     _check_counts(batch, seq_len)
-    if cfg.layer_types is not None:
+    if _per_layer(cfg):
         if block_size is not None or kv_bits is not None:
             raise ValueError("block_size and kv_bits are modelled for configs without layer_types only; "
-                             f"this one has layer kinds {sorted(set(cfg.layer_types))}")
+                             f"this one has layer kinds {sorted(set(cfg.layer_types or ('full',)))}"
+                             " or per-layer shapes (k_is_v, global_head_dim, global_n_kv_heads)")
         from .planner import layer_kv_bytes  # per-layer kinds: the bill is a sum over layers
 
         return sum(layer_kv_bytes(cfg, i, batch, seq_len, dtype) for i in range(cfg.n_layers))
@@ -207,6 +218,6 @@ def preset_table(seq_len: int = 4096, dtype: torch.dtype | str = torch.float16) 
 
 
 # Per-layer kinds (chapter 10) live in kvref.planner; their names are importable from here too.
-from .planner import (CH10_PRESETS, kv_bytes_by_kind, latent_vs_heads, layer_formula, layer_kv_bytes,  # noqa: E402
-                      per_token_elements,
-                      mla_decode_read_bytes, planner_rows, planner_table)
+from .planner import (CH10_PRESETS, PLANNER_PRESETS, PRESETS_2026, index_key_bytes,  # noqa: E402
+                      kv_bytes_by_kind, kv_row_bytes, latent_vs_heads, layer_formula, layer_kv_bytes,
+                      mla_decode_read_bytes, per_token_bytes, planner_rows, planner_table)

@@ -2,8 +2,11 @@
 
 Each token's hidden state x is squeezed into a latent c = norm(W_DKV x) of r = kv_lora_rank numbers,
 plus one RoPE key k_R of d_R = qk_rope_head_dim numbers shared by every head. Only (c, k_R) are cached:
-r + d_R numbers per token and layer (576 in DeepSeek-V3, against 2 * 128 * 128 = 32768 for MHA of the
-same width). Every head h gets its keys and values back through an up-projection W_UKV = [W_UK; W_UV]:
+r + d_R numbers per token and layer (576 in DeepSeek-V3, against 128 * (192 + 128) = 40960 for MHA with
+the same heads, keys of d_nope + d_R and values of d_v: 71 times more, as kvref.planner.latent_vs_heads and
+chapter 10 count it; the DeepSeek-V2 paper's Table 1 compares with MHA of d_h = 128 for keys and values,
+2 * 128 * 128 = 32768, 57 times more). Every head h gets its keys and values back through an up-projection
+W_UKV = [W_UK; W_UV]:
 
     k_h = [W_UK_h c ; k_R]     v_h = W_UV_h c     (keys: d_nope + d_R numbers, values: d_v)
 

@@ -116,6 +116,10 @@ def test_a_page_without_a_catalog_is_all_untranslated(tmp_path):
     ("首 token 时间", "labels"), ("每步 nats/位", "messages"), ("正常（前缀缓存）", "labels"), ("已用内存", "labels"),
     ("计算的行数少了 {glue:text}`r` 倍", "messages"), ("缓存缩小 $H / H_{kv}$ 倍", "messages"),
     ("它的 首 token 延迟", "messages"), ("\\text{step time} = L \\times \\text{launch time}", "messages"),
+    # review 3 of the Chinese edition: chapter 10's drifted terms
+    ("kvref 的一个 tiny MLA 模型", "messages"), ("本课程 tiny 训练模型", "messages"), ("在提示之后", "messages"),
+    ("长提示时", "labels"), ("按层的种类拆分", "messages"), ("各层种类之和", "messages"),
+    ("notebook 会让你写出这个规划器", "messages"), ("vLLM 的混合 KV 缓存管理器", "messages"),
 ])
 def test_a_variant_a_space_or_english_display_math_is_refused(text, where):
     assert i18n_check.term_problems(text, where, i18n_check.load_variants()), text
@@ -126,7 +130,10 @@ def test_a_variant_a_space_or_english_display_math_is_refused(text, where):
     ("主机内存中的缓存", "messages"),  # CPU memory is 内存 in prose; only the figures' memory is GPU memory
     ("这是正常的", "messages"), ("快 {glue:text}`r` 倍", "messages"), ("只有 MHA 的 1/{glue:text}`r`", "messages"),
     ("\\text{单步时间} = \\max(\\text{FLOPs} / F)", "messages"), ("头 $\\lfloor h / \\text{n\\_rep} \\rfloor$", "messages"),
-    ("\\text{第 } i \\text{ 块的 token}", "messages"), ("长提示时\n单步出现突刺", "labels"),
+    ("\\text{第 } i \\text{ 块的 token}", "messages"), ("长提示词时\n单步出现突刺", "labels"),
+    ("`kvref.tiny_model()` 是微型模型", "messages"), ("按种类统计连续与分页两种方式下的槽位", "messages"),
+    ("{download}`笔记本：10_modern_caches.ipynb <../notebooks/10_modern_caches.ipynb>`", "messages"),
+    ("KV Cache（KV 缓存）", "messages"), ("各层类型之和", "messages"),
 ])
 def test_the_glossary_terms_pass(text, where):
     assert i18n_check.term_problems(text, where, i18n_check.load_variants()) == [], text
@@ -161,21 +168,7 @@ def test_real_catalogs_and_figure_labels_write_the_glossary_terms():
 GLUE_TEXT = re.compile(r"\{glue:text\}`([^`:]+)")  # {glue:text}`key` or {glue:text}`key:.1f`
 
 
-def read_glue(glue_json: Path) -> dict[str, str]:
-    """{key: text} of a page's glued values, from the `<page>.glue.json` that myst-nb writes next to the executed
-    notebook (_build/jupyter_execute): what `{glue:text}` shows (a string's repr without its quotes)."""
-    import ast
-    import json
-
-    out = {}
-    for key, output in json.loads(glue_json.read_text(encoding="utf-8")).items():
-        text = output.get("data", {}).get("text/plain", "")
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text
-        out[key] = value if isinstance(value, str) else text
-    return out
+read_glue = i18n_check.read_glue  # {key: text} of a page's <page>.glue.json (the executed page's glued values)
 
 
 def english_glue(messages: list[str], glue: dict[str, str]) -> list[str]:
@@ -200,6 +193,75 @@ def test_english_glue_without_a_twin_is_found(tmp_path):
     messages = ["召回 {glue:text}`recall`，共 {glue:text}`n:.0f` 个，{glue:text}`size`", "困惑度 {glue:text}`v`"]
     assert english_glue(messages, glue) == ["recall"]
     assert english_glue(messages, {**glue, "recall_zh": "10 / 24"}) == []
+
+
+def test_a_space_where_a_glued_value_meets_chinese_text_is_found(tmp_path):
+    """Chapter 2 read "并且 在约 B = 4 个序列时越过脊点": the message's space sat before a glued Chinese verdict.
+    The check substitutes each glued value (its Chinese twin first) and reports the spaces that appear."""
+    glue = {"verdict": "crosses the ridge at *B* = 4", "verdict_zh": "在约 *B* = 4 个序列时越过脊点", "n": "3",
+            "kind": "sliding"}
+    bad = "强度接近 2.0 FLOPs，并且 {glue:md}`verdict`；"
+    assert i18n_check.glued_space_problems(bad, glue) == [
+        "space between Chinese characters where a glued value meets the text: '且 在'"]
+    assert i18n_check.glued_space_problems("强度接近 2.0 FLOPs，并且{glue:md}`verdict`；", glue) == []
+    # numbers and English words keep their spaces; an unknown key is left alone
+    assert i18n_check.glued_space_problems("缓存 {glue:text}`n:.0f` 个 {glue:text}`kind` 层与 {glue:text}`x` 行", glue) == []
+    # the same through check_catalog, as `make i18n-check` runs it on a built book
+    pot = write_catalog(tmp_path / "pot" / "book" / "02_x.pot", {bad.replace("，并且 ", " and "): ""})
+    po = write_catalog(tmp_path / "po" / "book" / "02_x.po", {bad.replace("，并且 ", " and "): bad})
+    problems = [p for p in i18n_check.check_catalog(pot, po, "book/x.po", glue=glue) if p.kind == "terms"]
+    assert len(problems) == 1 and "且 在" in problems[0].detail
+
+
+def test_read_glue_reads_text_and_markdown(tmp_path):
+    glue_json = tmp_path / "p.glue.json"
+    glue_json.write_text(json.dumps({"n": {"data": {"text/plain": "3"}},
+                                     "v_zh": {"data": {"text/markdown": "在约 *B* = 4",
+                                                       "text/plain": "<IPython.core.display.Markdown object>"}}}))
+    assert i18n_check.read_glue(glue_json) == {"n": "3", "v_zh": "在约 *B* = 4"}
+
+
+CHAPTER_OK = {**i18n_check.CHAPTER_HEADINGS, "You write:": "你要写：" + i18n_check.NOTEBOOK_MAP + "“1. 热身”（“1. Warm-up”）"}
+
+
+@pytest.mark.parametrize("change, expect", [
+    ({}, []),
+    ({"Key takeaways": "要点"}, ["Key takeaways"]),  # chapter 10 wrote 要点 and 读完本章，你能够：
+    ({"After this chapter you can:": "读完本章，你能够："}, ["After this chapter you can:"]),
+    ({"You write:": "你要写三部分。"}, ["In the notebook"]),  # no map of the notebook's exercises
+])
+def test_every_chapter_has_the_standard_headings_and_the_notebook_map(tmp_path, change, expect):
+    messages = {**CHAPTER_OK, **change}
+    pot = write_catalog(tmp_path / "pot" / "book" / "13_new.pot", dict.fromkeys(messages, ""))
+    po = write_catalog(tmp_path / "po" / "book" / "13_new.po", messages)
+    problems = i18n_check.check_catalog(pot, po, "book/13_new.po")
+    assert [p.source for p in problems if p.kind == "chapter"] == expect
+    assert all(p.kind == "chapter" for p in problems)
+
+
+def test_a_chapter_without_its_headings_fails_and_other_pages_are_not_chapters(tmp_path):
+    pot = write_catalog(tmp_path / "pot" / "book" / "11_x.pot", {"Some text": ""})
+    po = write_catalog(tmp_path / "po" / "book" / "11_x.po", {"Some text": "一些文字"})
+    missing = {p.source for p in i18n_check.check_catalog(pot, po, "book/11_x.po") if p.kind == "chapter"}
+    assert missing == set(i18n_check.CHAPTER_HEADINGS) | {"In the notebook"}
+    assert i18n_check.check_catalog(pot, po, "book/engines.po") == []  # not a chapter: no rule
+    assert "chapter" in i18n_check.report(i18n_check.check_catalog(pot, po, "book/11_x.po"))
+
+
+def test_every_chapter_page_has_a_catalog_with_its_headings_and_notebook_map():
+    """Quick and without extraction: every book/NN_*.md (however many there are) has its catalog, the
+    standard headings translated as in every chapter, and the sentence that maps its notebook."""
+    chapters = sorted((ROOT / "book").glob("[0-9][0-9]_*.md"))
+    assert len(chapters) >= 10
+    problems = []
+    for page in chapters:
+        po = ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES" / "book" / f"{page.stem}.po"
+        if not po.is_file():
+            problems.append(f"{page.name}: no catalog {po.relative_to(ROOT)}")
+            continue
+        entries = {m.id: m for m in i18n_check.read_catalog(po) if m.id}
+        problems += [str(p) for p in i18n_check.chapter_problems(f"book/{po.name}", entries)]
+    assert not problems, "\n".join(problems)
 
 
 def glued_without_twin(page: Path) -> dict[str, str]:
@@ -249,6 +311,9 @@ def test_chinese_messages_show_no_glued_english(built_book):  # noqa: F811
         # The Chinese twins write the glossary's terms too (e.g. nats/数字, not nats/位).
         problems += [f"{page}: {k} = {v!r}: {d}" for k, v in glue.items() if k.endswith("_zh")
                      for d in i18n_check.term_problems(v, "messages", i18n_check.load_variants())]
+        # and no space between two Chinese characters where a glued value meets the text (chapter 2's "并且 在约")
+        problems += [f"{page}: {d} in {t[:60]!r}" for t in chinese_messages(page)
+                     for d in i18n_check.glued_space_problems(t, glue)]
     assert executed.is_dir() and not problems, "; ".join(problems)
 
 
@@ -422,18 +487,16 @@ def notebook_headings(notebook: Path) -> set[str]:
 def test_in_the_notebook_messages_quote_the_english_headings():
     """The notebooks stay English: where a Chinese "In the notebook" paragraph names their sections, it quotes each
     English heading beside its translation, so a reader finds it; each quoted heading is one of the notebook's."""
-    pages = 0
-    for po in sorted((ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES" / "book").glob("[0-9][0-9]_*.po")):
-        listing = [t for t in chinese_messages(po.stem) if "练习依次是" in t]
-        if not listing:
-            continue
-        pages += 1
+    chapters = sorted((ROOT / "book").glob("[0-9][0-9]_*.md"))  # every chapter, however many there are
+    assert len(chapters) >= 10
+    for page in chapters:
+        listing = [t for t in chinese_messages(page.stem) if i18n_check.NOTEBOOK_MAP in t]
+        assert listing, f"{page.stem}.po: no message maps the notebook's exercises ({i18n_check.NOTEBOOK_MAP!r})"
         quoted = [q for t in listing for q in QUOTED_HEADING.findall(t)]
-        headings = notebook_headings(ROOT / "notebooks" / f"{po.stem}.ipynb")
-        assert len(quoted) >= 3, f"{po.name}: the notebook's sections are named without their English headings"
+        headings = notebook_headings(ROOT / "notebooks" / f"{page.stem}.ipynb")
+        assert len(quoted) >= 3, f"{page.stem}.po: the notebook's sections are named without their English headings"
         missing = [q for q in quoted if q not in headings]
-        assert not missing, f"{po.name}: quoted headings not in notebooks/{po.stem}.ipynb: {missing}"
-    assert pages >= 9, pages
+        assert not missing, f"{page.stem}.po: quoted headings not in notebooks/{page.stem}.ipynb: {missing}"
 
 
 # ---------------------------------------------------------------- the real tools on a tiny book

@@ -12,8 +12,12 @@ with the catalogs in book/locale/zh_CN/LC_MESSAGES (*.po). A problem is:
   target or a footnote reference of its source. `{ref}`title <target>`` may translate its title, never
   its target; `{glue:text}`key`` and `{doc}`05_paging`` must stay exactly as they are;
 - terms: a translation or a figure label (figure_labels.yml) writes a variant that term_variants.yml lists
-  instead of the glossary's term, puts a space between two Chinese characters, or keeps English words in the
-  `\text{}` of display math.
+  instead of the glossary's term, puts a space between two Chinese characters (also where a glued value meets
+  the text, when the executed pages' glued values are at hand: `read_glue`, `glued_space_problems`), or keeps
+  English words in the `\text{}` of display math;
+- chapter: a chapter's catalog (every `NN_*.po`, however many chapters there are) lacks a standard heading or
+  translates it otherwise than all chapters do (`CHAPTER_HEADINGS`), or has no message that maps the English
+  notebook's exercises with the fixed sentence (`NOTEBOOK_MAP`).
 
 Run by `make i18n-check` through book/_ext/i18n_tool.py; tests in tests/test_i18n.py.
 """
@@ -38,13 +42,21 @@ VARIANTS = Path(__file__).resolve().parents[1] / "locale" / "zh_CN" / "term_vari
 CJK = re.compile(r"[\u4e00-\u9fff]")
 CJK_SPACE = re.compile(r"[\u4e00-\u9fff] +[\u4e00-\u9fff]")  # "它的 首" (Chinese sets no spaces between words)
 TEXT = re.compile(r"\\text\{([^{}]*)\}")  # \text{step time}
+GLUE_ROLE = re.compile(r"\{glue(?::(?:text|md))?\}`([^`:]+)(?::[^`]*)?`")  # {glue:text}`key:.1f`, {glue:md}`key`
+CHAPTER_PO = re.compile(r"(?:^|/)\d\d_[^/]+\.po$")  # book/10_modern_caches.po: every chapter, whatever its number
+# The headings every chapter has, and the one translation all chapters give them.
+CHAPTER_HEADINGS = {"Learning objectives": "学习目标", "After this chapter you can:": "学完本章，你将能够：",
+                    "In the notebook": "在笔记本中", "Key takeaways": "要点回顾", "Further reading": "延伸阅读"}
+# How every chapter's "In the notebook" paragraph introduces the English notebook's exercises (each quoted with
+# its English heading; tests/test_i18n.py checks the quotes against the notebook).
+NOTEBOOK_MAP = "笔记本本身（说明、测试与报错信息）保持英文；其中的练习依次是："
 MATH_WORDS = {"FLOPs", "hash"}  # words that stay English in a formula of either edition
 
 
 @dataclass(frozen=True)
 class Problem:
     catalog: str  # e.g. book/03_memory.po
-    kind: str  # untranslated | fuzzy | stale | markup | terms
+    kind: str  # untranslated | fuzzy | stale | markup | terms | chapter
     source: str  # the English message
     detail: str = ""
 
@@ -122,6 +134,58 @@ def _english(words: str) -> bool:
                                          for w in re.findall(r"[A-Za-z]+", words))
 
 
+def read_glue(glue_json: Path) -> dict[str, str]:
+    """{key: text} of a page's glued values, from the `<page>.glue.json` that myst-nb writes next to the executed
+    notebook (_build/jupyter_execute/book): what `{glue:text}` shows (a string's repr without its quotes)."""
+    import ast
+    import json
+
+    out = {}
+    for key, output in json.loads(glue_json.read_text(encoding="utf-8")).items():
+        text = output.get("data", {}).get("text/markdown") or output.get("data", {}).get("text/plain", "")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        out[key] = value if isinstance(value, str) else text
+    return out
+
+
+def with_glued_values(text: str, glue: dict[str, str]) -> str:
+    """A Chinese message as its page shows it: each glue role replaced by its value, the Chinese twin
+    (`key_zh`) where there is one, as the Chinese build shows it; roles of unknown keys are left as they are."""
+    def value(m: re.Match) -> str:
+        key = m.group(1)
+        return glue.get(key + "_zh", glue.get(key, m.group(0)))
+    return GLUE_ROLE.sub(value, text)
+
+
+def glued_space_problems(text: str, glue: dict[str, str]) -> list[str]:
+    """Spaces between two Chinese characters that appear only once the glued values are in place, e.g.
+    "并且 {glue:md}`verdict`" where the verdict's Chinese twin starts with 在."""
+    before = Counter(m.group(0) for m in CJK_SPACE.finditer(text))
+    after = Counter(m.group(0) for m in CJK_SPACE.finditer(with_glued_values(text, glue)))
+    return [f"space between Chinese characters where a glued value meets the text: {k!r}"
+            for k in sorted(after - before)]
+
+
+def chapter_problems(name: str, entries: dict) -> list[Problem]:
+    """What a chapter's catalog (`name` matches CHAPTER_PO) must have: the standard headings, translated as in
+    every chapter, and the sentence that maps the notebook's exercises."""
+    problems = []
+    for heading, zh in CHAPTER_HEADINGS.items():
+        m = entries.get(heading)
+        if m is None:
+            problems.append(Problem(name, "chapter", heading, "every chapter has this heading"))
+        elif _text(m.string).strip() and _text(m.string) != zh:
+            problems.append(Problem(name, "chapter", heading, f"write {zh!r}, as every chapter does"))
+    if not any(NOTEBOOK_MAP in _text(m.string) for m in entries.values()):
+        problems.append(Problem(name, "chapter", "In the notebook",
+                                f"no message maps the notebook's exercises: write {NOTEBOOK_MAP!r} and quote each "
+                                "exercise's English heading beside its translation, as chapters 1-9 do"))
+    return problems
+
+
 def check_labels(path: Path, variants: list[dict]) -> list[Problem]:
     """The Chinese figure labels' words (figure_labels.yml: "English": "中文")."""
     labels = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -138,8 +202,10 @@ def read_catalog(path: Path):
         return read_po(f)
 
 
-def check_catalog(pot: Path | None, po: Path | None, name: str, variants: list[dict] | None = None) -> list[Problem]:
-    """Problems of one catalog `po` against its template `pot` (either may be None: missing)."""
+def check_catalog(pot: Path | None, po: Path | None, name: str, variants: list[dict] | None = None,
+                  glue: dict[str, str] | None = None) -> list[Problem]:
+    """Problems of one catalog `po` against its template `pot` (either may be None: missing); `glue`, the page's
+    glued values where the executed pages are at hand, lets the check see where a value meets the text."""
     variants = load_variants() if variants is None else variants
     sources = [_text(m.id) for m in read_catalog(pot) if m.id] if pot else []
     entries = {_text(m.id): m for m in read_catalog(po) if m.id} if po else {}
@@ -166,17 +232,24 @@ def check_catalog(pot: Path | None, po: Path | None, name: str, variants: list[d
             if diff:
                 problems.append(Problem(name, "markup", src, diff))
             problems += [Problem(name, "terms", src, d) for d in term_problems(dst, "messages", variants)]
+            if glue:
+                problems += [Problem(name, "terms", src, d) for d in glued_space_problems(dst, glue)]
+    if CHAPTER_PO.search(name):
+        problems += chapter_problems(name, entries)
     return problems
 
 
-def check_tree(pot_dir: Path, po_dir: Path) -> list[Problem]:
-    """Every template under `pot_dir` against the catalog of the same relative path under `po_dir`."""
+def check_tree(pot_dir: Path, po_dir: Path, glue_dir: Path | None = None) -> list[Problem]:
+    """Every template under `pot_dir` against the catalog of the same relative path under `po_dir`; with
+    `glue_dir` (the executed pages' `<page>.glue.json`, _build/jupyter_execute/book) the glued values too."""
     pots = {p.relative_to(pot_dir).with_suffix(".po").as_posix(): p for p in sorted(pot_dir.rglob("*.pot"))}
     pos = {p.relative_to(po_dir).as_posix(): p for p in sorted(po_dir.rglob("*.po"))} if po_dir.is_dir() else {}
     variants = load_variants()
     problems = []
     for name in sorted(set(pots) | set(pos)):
-        problems += check_catalog(pots.get(name), pos.get(name), name, variants)
+        glue_json = glue_dir / f"{Path(name).stem}.glue.json" if glue_dir else None
+        glue = read_glue(glue_json) if glue_json and glue_json.is_file() else None
+        problems += check_catalog(pots.get(name), pos.get(name), name, variants, glue)
     return problems + check_labels(po_dir.parent / "figure_labels.yml", variants)
 
 
@@ -191,4 +264,7 @@ def report(problems: list[Problem]) -> str:
     if counts["terms"]:
         lines.append("terms: write the glossary's term (book/glossary.md); book/locale/zh_CN/term_variants.yml "
                      "lists the variants the check refuses.")
+    if counts["chapter"]:
+        lines.append("chapter: every chapter's catalog has the standard headings, translated as in the others "
+                     "(CHAPTER_HEADINGS in book/_ext/i18n_check.py), and maps its notebook's exercises.")
     return "\n".join(lines)

@@ -172,8 +172,15 @@ def tidy_catalog(text: str) -> str:
     return head + sep + fields + "\n\n" + "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
-def check(pots: Path, locale: Path = LOCALE) -> int:
-    problems = i18n_check.check_tree(pots, locale / LANG / "LC_MESSAGES")
+def check(pots: Path, locale: Path = LOCALE, glue_dir: Path | None = None) -> int:
+    """`glue_dir`: the executed pages' glued values (a built book's _build/jupyter_execute/book), so that the
+    check also sees a space where a glued value meets the Chinese text; without a build that part is skipped."""
+    if glue_dir is not None and glue_dir.is_dir():
+        print(f"i18n check: reading the glued values of the last build in {glue_dir}")
+    else:
+        print("i18n check: no built book, so glued values are not checked (run `make book` first for that)")
+        glue_dir = None
+    problems = i18n_check.check_tree(pots, locale / LANG / "LC_MESSAGES", glue_dir)
     print(i18n_check.report(problems))
     return 1 if problems else 0
 
@@ -189,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--book", type=Path, default=ROOT, help="book folder (default: this course)")
         s.add_argument("--locale", type=Path, default=None, help="locale folder (default: <book>/book/locale)")
         s.add_argument("--work", type=Path, default=None, help="where the .pot files go (default: temporary)")
+    sub.choices["check"].add_argument("--glue", type=Path, default=None,
+                                      help="the executed pages' glue files (default: <book>/_build/jupyter_execute/"
+                                           "book, when the book was built)")
     args = ap.parse_args(argv)
     if args.cmd == "config":
         print(write_config(chinese_config(args.cache), args.out))
@@ -201,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "update":
             update(pots, locale)
             return 0
-        return check(pots, locale)
+        return check(pots, locale, args.glue or book / "_build" / "jupyter_execute" / "book")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 
 from ..config import ModelConfig
 from ..memory import GiB, kv_bytes_per_token, kv_cache_bytes
-from ..planner import CH10_PRESETS, latent_vs_heads, mla_decode_read_bytes, planner_table
+from ..planner import PLANNER_PRESETS, latent_vs_heads, mla_decode_read_bytes, planner_table
 
 MiB = 1024**2
 
@@ -27,12 +27,12 @@ def bytes_per_token_table(dtype: torch.dtype = torch.bfloat16) -> str:
             "|---|---|---|---|---|"]
     from ..kinds import kind_counts
 
-    for name in CH10_PRESETS:
+    for name in PLANNER_PRESETS:
         cfg = ModelConfig.preset(name)
         kinds = ", ".join(f"{n} {k}" for k, n in kind_counts(cfg).items())
-        rows.append(f"| {name} | {kinds} | {kv_bytes_per_token(cfg, dtype) / 1024:.1f} KiB | "
-                    f"{kv_cache_bytes(cfg, 1, 8192, dtype) / GiB:.3f} GiB | "
-                    f"{kv_cache_bytes(cfg, 1, 131072, dtype) / GiB:.3f} GiB |")
+        at = {S: f"{kv_cache_bytes(cfg, 1, S, dtype) / GiB:.3f} GiB" if S <= cfg.max_seq_len else "past its context"
+              for S in (8192, 131072)}
+        rows.append(f"| {name} | {kinds} | {kv_bytes_per_token(cfg, dtype) / 1024:.1f} KiB | {at[8192]} | {at[131072]} |")
     m = latent_vs_heads(ModelConfig.preset("deepseek-v3"), dtype)
     rows += ["", "| DeepSeek-V3 width, per token | MLA (latent + RoPE key) | GQA, 8 K/V heads | MHA, 128 heads |",
              "|---|---|---|---|",
