@@ -130,7 +130,7 @@ def validate_storage(cfg) -> None:
     if cfg.index_key_dtype not in INDEX_KEY_DTYPES:
         raise ValueError(f"index_key_dtype must be one of {INDEX_KEY_DTYPES}; got {cfg.index_key_dtype!r}")
     if cfg.linear_state_dtype is not None:
-        from .memory import bytes_per_element
+        from .units import bytes_per_element
 
         try:
             bytes_per_element(cfg.linear_state_dtype)

@@ -27,7 +27,7 @@ from .cache import DynamicCache, KVCache, StaticCache
 from .evict import SlidingWindowCache
 from .kinds import check_runnable, kv_source, layer_kind
 from .mla import LatentCache, MLAttention
-from .model import Linear, RMSNorm, apply_rope
+from .modules import Linear, RMSNorm, apply_rope
 
 
 class GemmaRMSNorm(RMSNorm):

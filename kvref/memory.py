@@ -24,24 +24,11 @@ import torch
 
 from .config import ModelConfig
 
-GiB = 1024**3
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    """A floating-point torch dtype, also from the names "fp16", "bf16", "fp32"."""
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be a torch.dtype or one of {sorted(DTYPES)}; got {dtype!r}")
-        dtype = DTYPES[dtype]
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"the cache dtype must be a floating-point torch.dtype; got {dtype!r}")
-    return dtype
-
-
-def bytes_per_element(dtype: torch.dtype | str) -> int:
-    """2 for fp16/bf16, 4 for fp32."""
-    return torch.empty((), dtype=as_dtype(dtype)).element_size()
+# Per-layer kinds (chapter 10) live in kvref.planner, below this ledger; their names are importable from here too.
+from .planner import (CH10_PRESETS, PLANNER_PRESETS, PRESETS_2026, index_key_bytes,  # noqa: F401
+                      kv_bytes_by_kind, kv_row_bytes, latent_vs_heads, layer_formula, layer_kv_bytes,
+                      mla_decode_read_bytes, per_token_bytes, planner_rows, planner_table)
+from .units import DTYPES, GiB, as_dtype, bytes_per_element  # noqa: F401  (the ledger's names)
 
 
 def _per_layer(cfg: ModelConfig) -> bool:
@@ -61,8 +48,6 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype | str = torch.float1
     """
     if not _per_layer(cfg):
         return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * bytes_per_element(dtype)
-    from .planner import per_token_bytes
-
     total = sum(per_token_bytes(cfg, i, dtype) for i in range(cfg.n_layers))
     return int(total) if total == int(total) else total
 
@@ -89,8 +74,7 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtyp
             raise ValueError("block_size and kv_bits are modelled for configs without layer_types only; "
                              f"this one has layer kinds {sorted(set(cfg.layer_types or ('full',)))}"
                              " or per-layer shapes (k_is_v, global_head_dim, global_n_kv_heads)")
-        from .planner import layer_kv_bytes  # per-layer kinds: the bill is a sum over layers
-
+        # per-layer kinds: the bill is a sum over layers (kvref.planner)
         return sum(layer_kv_bytes(cfg, i, batch, seq_len, dtype) for i in range(cfg.n_layers))
     if kv_bits is not None:
         if block_size is not None:
@@ -215,9 +199,3 @@ def preset_table(seq_len: int = 4096, dtype: torch.dtype | str = torch.float16) 
                     f"{kv_bytes_per_token(cfg, dtype) / 1024:.0f} KiB | "
                     f"{kv_cache_bytes(cfg, 1, seq_len, dtype) / GiB:.3f} GiB |")
     return "\n".join(rows)
-
-
-# Per-layer kinds (chapter 10) live in kvref.planner; their names are importable from here too.
-from .planner import (CH10_PRESETS, PLANNER_PRESETS, PRESETS_2026, index_key_bytes,  # noqa: E402
-                      kv_bytes_by_kind, kv_row_bytes, latent_vs_heads, layer_formula, layer_kv_bytes,
-                      mla_decode_read_bytes, per_token_bytes, planner_rows, planner_table)

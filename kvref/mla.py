@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import Mask
-from .model import Linear, RMSNorm, apply_rope
+from .modules import Linear, RMSNorm, apply_rope
 
 
 def _count(reads: dict | None, **counts: int) -> None:

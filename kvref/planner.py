@@ -36,7 +36,7 @@ import torch
 
 from .config import ModelConfig
 from .kinds import kind_counts, kv_source, layer_kind
-from .memory import GiB, bytes_per_element
+from .units import GiB, bytes_per_element
 
 # The notebook's planner exercise covers these presets; PRESETS_2026 adds the year's new layer shapes.
 CH10_PRESETS = ("llama-3.1-8b", "deepseek-v3", "deepseek-v3.2", "gemma-3-27b", "gpt-oss-120b", "qwen3-next-80b-a3b",
@@ -184,9 +184,7 @@ def planner_rows(names: tuple[str, ...] = PLANNER_PRESETS, seq_lens: tuple[int, 
 
 
 def _total(cfg: ModelConfig, seq_len: int, dtype) -> int:
-    from .memory import kv_cache_bytes
-
-    return kv_cache_bytes(cfg, 1, seq_len, dtype)
+    return sum(layer_kv_bytes(cfg, i, 1, seq_len, dtype) for i in range(cfg.n_layers))
 
 
 def planner_table(names: tuple[str, ...] = PLANNER_PRESETS, seq_lens: tuple[int, ...] = (8192, 131072),

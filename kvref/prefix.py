@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
-from .paged import BlockPool
+from .pool import BlockPool
 
 ROOT = b""  # the parent hash of a sequence's first block
 

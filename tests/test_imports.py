@@ -1,6 +1,6 @@
-"""The autograder's modules import each other in one direction: no circle, also none through an import placed
-inside a function, and each stage imports only the stages before it. The graph is read from the source with
-`ast`, so nothing is imported to build it."""
+"""The autograder's and kvref's modules import each other in one direction: no circle, also none through an
+import placed inside a function; and each stage of the autograder imports only the stages before it. The graph is
+read from the source with `ast`, so nothing is imported to build it."""
 
 from __future__ import annotations
 
@@ -23,27 +23,33 @@ STAGES = {
 }
 
 
-def imported_modules(path: Path) -> set[str]:
-    """The autograder modules that ``path`` imports anywhere in it (top level, functions, classes)."""
+def imported_modules(path: Path, package: str = "autograder", depth: int = 1) -> set[str]:
+    """The modules of ``package`` that ``path`` imports anywhere in it (top level, functions, classes). ``depth``
+    is the relative-import level that reaches the package's top (1 for its own modules, 2 inside a subpackage)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:  # from . import x / from .x import y
+        if isinstance(node, ast.ImportFrom) and node.level == depth:  # from . import x / from .x import y
             found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograder."):
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
             found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.ImportFrom) and node.module == "autograder":
+        elif isinstance(node, ast.ImportFrom) and node.module == package:
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("autograder.")}
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(package + ".")}
     return found
 
 
-def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+def import_graph(package: Path = PACKAGE, name: str | None = None) -> dict[str, set[str]]:
     """{module: the package's modules it imports}; the package's own __init__ is left out (it imports the
-    modules it re-exports, and none imports it back)."""
-    modules = {p.stem for p in package.glob("*.py")} - {"__init__"}
-    return {p.stem: imported_modules(p) & modules - {p.stem} for p in sorted(package.glob("*.py"))
-            if p.stem in modules}
+    modules it re-exports, and none imports it back); ``name`` is the package's import name (its folder's by
+    default). A subpackage (kvref.bench) is one node: the union of its
+    files' imports of the package's other modules."""
+    files = {p.stem: [(p, 1)] for p in package.glob("*.py") if p.stem != "__init__"}
+    for sub in sorted(d for d in package.iterdir() if (d / "__init__.py").is_file()):
+        files[sub.name] = [(p, len(p.relative_to(package).parts)) for p in sorted(sub.rglob("*.py"))]
+    pkg = name or package.name
+    return {node: set().union(*(imported_modules(p, pkg, depth) for p, depth in found)) & set(files) - {node}
+            for node, found in sorted(files.items())}
 
 
 def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -76,6 +82,16 @@ def test_the_autograder_has_no_import_circle():
     assert circle is None, "import circle: " + " -> ".join(circle)
 
 
+def test_kvref_has_no_import_circle():
+    """The model, the layer kinds and MLA share their parts through kvref.modules; the ledger (memory) sits above
+    the planner and both count in kvref.units; the prefix pool sits above the block pool (kvref.pool)."""
+    graph = import_graph(ROOT / "kvref")
+    assert {"model", "layers", "mla", "memory", "planner", "paged", "prefix", "bench"} <= set(graph)
+    assert "cache" in graph["model"] and "cache" in graph["paged"] and "config" in graph["planner"]  # the graph was read
+    circle = find_circle(graph)
+    assert circle is None, "import circle in kvref: " + " -> ".join(circle)
+
+
 def test_each_stage_imports_only_the_stages_before_it():
     rank = {m: i for i, stage in enumerate(STAGES.values()) for m in stage}
     graph = import_graph()
@@ -92,8 +108,11 @@ def test_find_circle_sees_a_circle_through_a_function_level_import(tmp_path):
     (tmp_path / "b.py").write_text("def f():\n    from .c import g\n    return g\n")
     (tmp_path / "c.py").write_text("import os\n\ndef g():\n    from autograder.a import x\n")
     (tmp_path / "d.py").write_text("from .a import b\n")
-    graph = import_graph(tmp_path)
-    assert graph == {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "__init__.py").write_text("")
+    (tmp_path / "sub" / "e.py").write_text("from ..d import x\nfrom . import f\n")  # a subpackage is one node
+    graph = import_graph(tmp_path, "autograder")
+    assert graph == {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "sub": {"d"}}
     assert find_circle(graph) == ["a", "b", "c", "a"]
     (tmp_path / "c.py").write_text("import os\n")
-    assert find_circle(import_graph(tmp_path)) is None
+    assert find_circle(import_graph(tmp_path, "autograder")) is None
