@@ -59,6 +59,14 @@ def test_chapters_are_numbered_from_one_without_gaps():
     assert [p.name[:2] for p in CHAPTERS] == [f"{i:02d}" for i in range(1, len(CHAPTERS) + 1)], [p.name for p in CHAPTERS]
 
 
+def test_readme_lists_every_chapter_in_order():
+    """The README's chapter table is where a newcomer looks first: one row per chapter, numbered as the pages."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| `(\d\d_\w+)`", readme, flags=re.M)
+    assert rows == [(str(int(p.name[:2])), p.stem) for p in CHAPTERS], (
+        f"README's chapter table lists {rows}; the book has {[p.stem for p in CHAPTERS]}")
+
+
 @pytest.mark.parametrize("page", CHAPTERS, ids=lambda p: p.stem)
 def test_chapter_has_objectives_notebook_takeaways_reading(page):
     secs = sections(page.read_text())
