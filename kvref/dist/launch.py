@@ -73,11 +73,30 @@ def _worker(rank: int, world_size: int, port: int, timeout_s: float, fn: Callabl
         queue.put((rank, True, out))
         dist.barrier()  # nobody tears the group down while a peer still sends to it
     except BaseException as e:  # noqa: BLE001  (reported to the parent, which raises)
-        queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
+        queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"))
+        queue.close()
+        queue.join_thread()  # the message must leave before os._exit ends the process
         os._exit(1)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _blame_the_dead(procs: list, rank: int, error: str, queue) -> None:
+    """Raise PeerFailed for ``rank``'s error, or, when a peer died without a word (killed, os._exit) and
+    the error is only the broken connection it left, name that peer as the cause."""
+    reported = {rank}
+    for _ in range(10):  # half a second for a silent death to show
+        while not queue.empty():
+            r, ok, _out = queue.get()
+            reported |= {r} if not ok else set()
+        silent = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in reported]
+        if silent:
+            r, code = silent[0]
+            raise PeerFailed(f"rank {r} of {len(procs)} died with exit code {code}; rank {rank} then failed with "
+                             f"{error.splitlines()[0]}")
+        time.sleep(0.05)
+    raise PeerFailed(f"rank {rank} of {len(procs)} failed: {error}")
 
 
 def launch(fn: Callable, world_size: int, args: tuple = (), port: int | None = None,
@@ -122,8 +141,10 @@ def launch(fn: Callable, world_size: int, args: tuple = (), port: int | None = N
                     raise PeerFailed(f"no answer from ranks {sorted(set(range(world_size)) - set(results))} "
                                      f"within {timeout_s + 60:.0f} s; every rank was stopped") from None
                 continue
+            if not ok and rank in results:  # it had answered, then lost a peer in the final barrier:
+                continue  # not the cause; the peer's own error (or death) is reported instead
             if not ok:
-                raise PeerFailed(f"rank {rank} of {world_size} failed: {out}")
+                _blame_the_dead(procs, rank, out, queue)
             results[rank] = out
         for p in procs:
             p.join(timeout=timeout_s)

@@ -34,16 +34,12 @@ from ..config import ModelConfig
 from ..generate import generate
 from ..model import Attention, Block, Transformer
 from ..modules import Linear
+from ..planner import kv_heads_per_rank
 from .launch import DEFAULT_TIMEOUT_S, init_from_env, launch
 
 
 class TPConfigError(ValueError):
     """The world size cannot split this model's heads (or MLP) evenly."""
-
-
-def kv_heads_per_rank(n_kv_heads: int, world_size: int) -> int:
-    """K/V heads one rank keeps: H_kv / W, or 1 (a replica) once W exceeds H_kv."""
-    return max(1, n_kv_heads // world_size)
 
 
 def check_split(cfg: ModelConfig, world_size: int) -> None:
