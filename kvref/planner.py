@@ -238,3 +238,42 @@ def latent_vs_heads(cfg: ModelConfig, dtype: torch.dtype | str = torch.bfloat16,
     b = bytes_per_element(dtype)
     return {"mla": layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * b,
             "gqa": layers * n_kv_heads * per_head * b, "mha": layers * cfg.n_heads * per_head * b}
+
+
+# -- tensor parallelism: the cache one rank holds ---------------------------------------------------------
+TP_KINDS = ("full", "sliding", "latent", "sparse")  # shared layers hold nothing on any rank
+
+
+def kv_heads_per_rank(n_kv_heads: int, world_size: int) -> int:
+    """K/V heads one of W tensor-parallel ranks keeps: H_kv / W, or one replica once W > H_kv
+    (vLLM: ``max(1, num_kv_heads // tp_size)``)."""
+    return max(1, n_kv_heads // world_size)
+
+
+def per_rank_kv_bytes(cfg: ModelConfig, world_size: int, batch: int, seq_len: int,
+                      dtype: torch.dtype | str = torch.float16) -> int:
+    """Bytes of cache on each of ``world_size`` tensor-parallel ranks (every rank holds the same amount).
+
+    full, sliding: the rank's K/V heads, max(1, H_kv // W) of H_kv: the bytes shrink with W until W = H_kv,
+                   then stay (each K/V head is replicated on W / H_kv ranks);
+    latent, sparse: MLA's latent serves every head, so it is not split: every rank keeps it whole.
+    Other kinds (linear, csa, hca) are refused. W must divide H and either divide H_kv or be a multiple of it.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1; got {world_size!r}")
+    if cfg.n_heads % world_size:
+        raise ValueError(f"world_size {world_size} must divide the {cfg.n_heads} query heads")
+    total = 0
+    for i in range(cfg.n_layers):
+        kind, b = layer_kind(cfg, i), layer_kv_bytes(cfg, i, batch, seq_len, dtype)
+        if kind in ("latent", "sparse") or kind.startswith("shared"):
+            total += b  # the latent is whole on every rank; a shared layer holds 0
+        elif kind in ("full", "sliding"):
+            heads = (cfg.global_n_kv_heads or cfg.n_kv_heads) if kind == "full" else cfg.n_kv_heads
+            if heads % world_size and world_size % heads:
+                raise ValueError(f"world_size {world_size} must divide H_kv={heads} or be a multiple of it "
+                                 f"(layer {i})")
+            total += b // heads * kv_heads_per_rank(heads, world_size)
+        else:
+            raise ValueError(f"layer {i} is {kind!r}; per-rank bytes cover the kinds {TP_KINDS} (and shared)")
+    return total
