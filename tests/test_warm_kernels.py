@@ -274,8 +274,11 @@ def grade_all(root: Path, subs: dict) -> dict:
 
 
 def test_every_answer_scores_the_same_warm_and_cold(servers, tmp_path, monkeypatch):
-    subs = submissions(STEM)
-    assert len(subs) >= 10
+    # A sample, not every answer: the solution, the first four wrong and the first two right answers. Each grades
+    # through both kernels (the cold half is most of this test's time); test_pipeline.py grades every answer warm.
+    everything = submissions(STEM)
+    subs = {s: nb for s, nb in everything.items() if s == "solution" or s[-2:] < ("04" if s[0] == "w" else "02")}
+    assert len(everything) >= 10 and len(subs) == 7
     warm_scores = grade_all(tmp_path / "warm", subs)
     monkeypatch.setenv("KVREF_WARM", "0")
     cold_scores = grade_all(tmp_path / "cold", subs)
