@@ -72,7 +72,7 @@ def _ship_worker(rank: int, world: int, lengths: tuple[int, ...], repeats: int) 
 
 def ship_table(repeats: int, lengths: tuple[int, ...] = LENGTHS) -> tuple[str, dict]:
     _, recv = launch(_ship_worker, 2, (lengths, repeats), timeout_s=120)
-    rows, crossing = [], None
+    rows, crossing, info = [], None, {}
     for S in lengths:
         rc, sh = recv["times"][S]["recompute"], recv["times"][S]["ship"]
         nbytes = kv_cache_bytes(BENCH_CFG, 1, S, torch.float32)
@@ -80,9 +80,15 @@ def ship_table(repeats: int, lengths: tuple[int, ...] = LENGTHS) -> tuple[str, d
             crossing = S
         rows.append([S, f"{nbytes / 1024:.0f} KiB", f"{1e3 * med(rc):.2f} ms", f"{1e3 * med(sh):.2f} ms",
                      f"{med(rc) / med(sh):.1f}x", f"{nbytes / med(sh) / 1e9:.2f} GB/s"])
+    lo, hi = lengths[-2], lengths[-1]  # per-token costs from the two longest prompts (fixed costs cancel)
+    per = {k: (med(recv["times"][hi][k]) - med(recv["times"][lo][k])) / (hi - lo) for k in ("recompute", "ship")}
+    info.update(recompute_per_token_s=per["recompute"], ship_per_token_s=per["ship"],
+                ship_fixed_s=med(recv["times"][lengths[0]]["ship"]),
+                bytes_per_token=kv_cache_bytes(BENCH_CFG, 1, 1, torch.float32))
     head = ["prompt tokens", "K/V shipped (fp32)", "recompute (prefill)", "ship (send/recv + install)",
             "recompute / ship", "effective link"]
-    return table(head, rows), {"crossing": crossing}
+    info["crossing"] = crossing
+    return table(head, rows), info
 
 
 def tp_table(new_tokens: int = 6) -> str:
@@ -146,6 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     print(f"\nbreak-even: shipping is faster from {info['crossing']} prompt tokens on"
           if info["crossing"] else "\nbreak-even: recompute was faster at every length measured")
+    print(f"\nper token, from the {LENGTHS[-2]}- and {LENGTHS[-1]}-token prompts: recompute "
+          f"{1e3 * info['recompute_per_token_s']:.3f} ms, ship {1e3 * info['ship_per_token_s']:.4f} ms "
+          f"({info['bytes_per_token']} bytes of K/V per token); fixed cost of one transfer (1 token): "
+          f"{1e3 * info['ship_fixed_s']:.2f} ms")
     print("\n### Tensor parallelism (tiny HF Llama, H=4, H_kv=2, 10 + 6 tokens, fp32)\n")
     print(tp_table())
     print("\n### Planner: cache per GPU against the world size (bf16, one 32K-token sequence)\n")
