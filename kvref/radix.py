@@ -108,6 +108,7 @@ class RadixTree:
         n_all = len(tokens) - len(tokens) % self.page_size
         tokens, slots = tuple(tokens[:n_all]), list(slots[:n_all])
         node, done, now = self.root, 0, self._tick()
+        node.last_access = now
         while done < n_all:
             child = node.children.get(self._page(tokens[done:]))
             if child is None:  # the rest is new: one leaf

@@ -179,7 +179,11 @@ class Engine:
         while self.pending or self.waiting or self.running:
             if not (self.waiting or self.running):  # idle: jump the clock to the next arrival
                 self.step_no = max(self.step_no, min(s.req.arrival for s in self.pending))
-            self.step()
+            if not self.step().fed:  # nothing ran, so the next step would decide the same: it never ends
+                raise RuntimeError(f"the engine stalled at step {self.step_no - 1}: nothing was scheduled with "
+                                   f"{len(self.running)} running, {len(self.waiting)} waiting and "
+                                   f"{self.cache.pool.num_free} of {self.cache.pool.num_blocks} blocks free "
+                                   f"(are finished requests' blocks freed?)")
         return self.states
 
     # -- one step ---------------------------------------------------------------------------------

@@ -87,3 +87,17 @@ def test_metrics_of_a_real_run_and_nothing_half_admitted():
     assert m["output_tokens"] == 12 and m["requests"] == 3
     # the clock only moves forward, so every latency is positive and TTFT >= one tick
     assert m["ttft_p50"] >= 1 and m["tpot_p50"] > 0 and math.isfinite(m["throughput_tok_s"])
+
+
+def test_an_engine_that_cannot_progress_says_so():
+    torch.manual_seed(0)
+    model = kvref.Transformer(kvref.ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, vocab_size=256,
+                                                max_seq_len=64)).eval()
+
+    def leaky_finish(engine, s):  # takes the request off the running list but never frees its blocks
+        engine.running.remove(s)
+
+    eng = Engine(model, num_blocks=4, block_size=4, token_budget=8, finish=leaky_finish)
+    # each request holds 2 blocks: after two, the 4 blocks are leaked and the third can never be admitted
+    with pytest.raises(RuntimeError, match="stalled at step .* 0 running, 1 waiting and 0 of 4 blocks free"):
+        eng.run([Request(i, [i + 1] * 5, 2) for i in range(3)])
