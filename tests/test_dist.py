@@ -109,6 +109,16 @@ def test_tp_world_size_that_cannot_split_is_refused_before_starting(llama):
         run_tp(path, IDS, 2, world_size=3)
 
 
+def test_bad_requests_are_refused_before_any_process_starts(llama):
+    path, _ = llama
+    with pytest.raises(ValueError, match=r"token id 300 is outside the vocabulary \[0, 255\]"):
+        run_tp(path, torch.tensor([[1, 300]]), 2, world_size=2)
+    with pytest.raises(ValueError, match="exceeds max_seq_len = 64"):
+        run_disaggregated(path, IDS, 64 - IDS.shape[1] + 1)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+        run_disaggregated(path, IDS, 0)
+
+
 def test_tp_under_torchrun(llama):
     path, hf = llama
     ids = ",".join(str(t) for t in IDS[0].tolist())
