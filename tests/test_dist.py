@@ -254,7 +254,7 @@ def test_planner_per_rank_bytes_replication_and_mla():
 
 # -- the host tier under the prefix cache -------------------------------------------------------------
 @torch.inference_mode()
-def test_host_tier_brings_evicted_prefix_blocks_back():
+def test_host_tier_brings_evicted_prefix_blocks_back(tmp_path):
     from kvref.dist.tier import add_host_tier
     from kvref.paged import PagedKVCache
 
@@ -290,3 +290,10 @@ def test_host_tier_brings_evicted_prefix_blocks_back():
     torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)  # fp32: the restored K/V are the same numbers
     with pytest.raises(ValueError, match="empty cache"):
         add_host_tier(tiered, capacity_blocks=4)
+    # A host tier of 2 blocks over a disk tier: the talk's blocks come back from both, the same numbers.
+    two = PagedKVCache(cfg, num_blocks=12, block_size=4, prefix_caching=True)
+    small = add_host_tier(two, capacity_blocks=2, disk_dir=tmp_path / "disk")
+    cached, logits = history(two)
+    assert cached == 24 and small.disk_hits >= 1 and small.tier_hits == 6  # tier_hits counts both tiers
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
+    assert len(small.tier) <= 2 and len(list((tmp_path / "disk").iterdir())) == len(small.on_disk)
