@@ -19,12 +19,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from .batch import Settings
-from .results import STATUSES, merge
-from .commands import COURSE_COMMANDS, NOTEBOOKS, SOLUTIONS, add_course_commands, grade, release
-from .merging import merge_into
-from .platforms import FORMATS
-from .report import report
+from autograder.batch import Settings
+from autograder.record.results import STATUSES, merge
+from autograder.commands import COURSE_COMMANDS, NOTEBOOKS, SOLUTIONS, add_course_commands, grade, release
+from autograder.export.merging import merge_into
+from autograder.intake.platforms import FORMATS
+from autograder.report.report import report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in COURSE_COMMANDS:
         return COURSE_COMMANDS[args.command](args)
     if args.command == "mutants":
-        from .mutation import run as run_mutants
+        from autograder.mutation import run as run_mutants
         return run_mutants(args.stems, args.solutions, check=args.check, timeout=args.timeout, json_out=args.json)
     if args.command == "release":
         return release(args.solutions, args.dest, check=args.check)

@@ -9,9 +9,9 @@ submission goes through these steps, each in its own process, N at a time:
 1. ``intake.preflight`` (here, no student code runs): read the file, refuse what is not a notebook,
    clear stored outputs, reset the kernel, put back deleted graded cells, note edited test
    cells and duplicate grade ids. What was repaired goes into the ``reason`` column.
-2. ``grading.run_job``: ``python -m autograder.job`` (a child process with a wall-clock limit): a private nbgrader
+2. ``grading.run_job``: ``python -m autograder.grade.job`` (a child process with a wall-clock limit): a private nbgrader
    course directory holding only this submission and a copy of the gradebook, nbgrader's
-   autograde with the kernel started through ``autograder.sandbox`` (no network, no view of the
+   autograde with the kernel started through ``autograder.shared.sandbox`` (no network, no view of the
    instructor's files, memory/CPU/file-size limits), then a feedback page made from the graded
    notebook with the hidden tests taken out again.
 3. The row: ``student, notebook, score, max_score, status, reason`` (see ``rows.STATUSES``);
@@ -41,12 +41,14 @@ from pathlib import Path
 
 import nbformat
 
-from . import notebooks, platforms, review, warm
-from .course import Course, cell_timeout, solution_files
-from .gradebook import write_outputs
-from .grading import CANARY, Grader, Progress, Settings, canary_hint, isolation_status
-from .intake import match_files, unzip
-from .results import Row, Say, _stderr, shard_of, summary
+from autograder.shared import notebooks, warm
+from autograder.intake import platforms
+from autograder.record import review
+from autograder.grade.course import Course, cell_timeout, solution_files
+from autograder.export.gradebook import write_outputs
+from autograder.grade.grading import CANARY, Grader, Progress, Settings, canary_hint, isolation_status
+from autograder.intake.intake import match_files, unzip
+from autograder.record.results import Row, Say, _stderr, shard_of, summary
 
 __all__ = ["Settings", "Stop", "grade_batch", "parse_shard", "shard_of", "usage_problem"]  # Settings, shard_of: imported here
 

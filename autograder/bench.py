@@ -25,11 +25,11 @@ from pathlib import Path
 
 import nbformat
 
-from . import notebooks
-from .batch import Settings, grade_batch
-from .results import read_csv
-from .commands import SOLUTIONS, solution_files
-from .course import ROOT
+from autograder.shared import notebooks
+from autograder.batch import Settings, grade_batch
+from autograder.record.results import read_csv
+from autograder.commands import SOLUTIONS, solution_files
+from autograder.grade.course import ROOT
 
 TARGET_S = 20.0
 
@@ -91,7 +91,7 @@ def plain_nbgrader(subs: Path, root: Path, stems: list[str]) -> tuple[float, dic
     generated first (not timed). Returns (seconds, {(student, stem): score})."""
     import subprocess
 
-    from .course import Course, kernel_environment
+    from autograder.grade.course import Course, kernel_environment
 
     sources = solution_files(SOLUTIONS)
     course = Course(root, {s: sources[s] for s in stems})
@@ -100,7 +100,7 @@ def plain_nbgrader(subs: Path, root: Path, stems: list[str]) -> tuple[float, dic
         for folder in sorted(subs.iterdir()):
             course.submit(stem, folder.name, folder / f"{stem}.ipynb")
     (root / "nbgrader_config.py").write_text(
-        f"c = get_config()  # noqa: F821\nload_subconfig({str(ROOT / 'autograder' / 'nbgrader_config.py')!r})\n"
+        f"c = get_config()  # noqa: F821\nload_subconfig({str(ROOT / 'autograder' / 'shared' / 'nbgrader_config.py')!r})\n"
         f"c.CourseDirectory.root = {str(root)!r}\nc.CourseDirectory.db_url = 'sqlite:///{root / 'gradebook.db'}'\n")
     t0 = time.perf_counter()
     with kernel_environment():

@@ -16,10 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import notebooks, warm
-from .grading import Settings, _grade_one, isolation_status
-from .course import STEM_RE, Course, cell_timeout
-from .results import Say
+from autograder.shared import notebooks, warm
+from autograder.grade.grading import Settings, _grade_one, isolation_status
+from autograder.grade.course import STEM_RE, Course, cell_timeout
+from autograder.record.results import Say
 
 
 def _print(msg: str) -> None:

@@ -8,16 +8,16 @@ import os
 import tempfile
 from pathlib import Path
 
-from . import notebooks
-from .batch import grade_batch
-from .grading import Settings
-from .check import check
-from .course import NOTEBOOKS, ROOT, SOLUTIONS, STEM_RE, Course, cell_timeout, solution_files  # noqa: F401
-from .gradebook import feedback_zip
-from .gradescope import build as build_gradescope, run as run_gradescope
-from .results import Say, _stderr
-from .review import review
-from .student import build_edition
+from autograder.shared import notebooks
+from autograder.batch import grade_batch
+from autograder.grade.grading import Settings
+from autograder.check import check
+from autograder.grade.course import NOTEBOOKS, ROOT, SOLUTIONS, STEM_RE, Course, cell_timeout, solution_files  # noqa: F401
+from autograder.export.gradebook import feedback_zip
+from autograder.gradescope import build as build_gradescope, run as run_gradescope
+from autograder.record.results import Say, _stderr
+from autograder.record.review import review
+from autograder.student import build_edition
 
 
 def stable_ids(released: notebooks.NotebookNode, source_path: Path, stem: str) -> None:

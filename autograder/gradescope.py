@@ -25,9 +25,9 @@ import time
 import zipfile
 from pathlib import Path
 
-from .batch import grade_batch
-from .course import ROOT
-from .results import Say, _stderr, read_csv
+from autograder.batch import grade_batch
+from autograder.grade.course import ROOT
+from autograder.record.results import Say, _stderr, read_csv
 
 SETUP = """#!/usr/bin/env bash
 # Gradescope runs this once when it builds the autograder image.

@@ -31,8 +31,8 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import notebooks as nbs
-from .mutants import Mutant, mutate_cell
+from autograder.shared import notebooks as nbs
+from autograder.shared.mutants import Mutant, mutate_cell
 
 EQUIVALENT_FILE = Path(__file__).with_name("mutants_equivalent.toml")
 TARGET = 0.9  # share of the non-equivalent mutants that must lose points
@@ -254,8 +254,8 @@ def grade_cells(source_nb, tests: set[str] | None = None, timeout: float = 300) 
 
 def autograde_mutants(stem: str, source_path: Path, mutants: list[Mutant], workers: int = 1) -> dict[str, bool]:
     """{mutant key: loses points} through nbgrader, each mutant submitted as a student."""
-    from .commands import build_releases  # noqa: PLC0415
-    from .course import Course  # noqa: PLC0415
+    from autograder.commands import build_releases  # noqa: PLC0415
+    from autograder.grade.course import Course  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="kvcourse-mutants-") as tmp:
         course = Course(Path(tmp) / "course", {stem: source_path})
@@ -334,7 +334,7 @@ def run(stems: list[str], solutions: Path, check: int = 0, timeout: float = 300,
         say=print) -> int:
     """The ``mutants`` command. Exit status 1 if a chapter is below TARGET, an equivalent entry is
     stale or wrong, or the real autograder disagrees with the in-process verdict."""
-    from .commands import solution_files  # noqa: PLC0415
+    from autograder.commands import solution_files  # noqa: PLC0415
 
     files = solution_files(solutions)
     unknown = [s for s in stems if s not in files]

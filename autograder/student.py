@@ -24,9 +24,9 @@ import shutil
 import zipfile
 from pathlib import Path
 
-from . import notebooks
-from .course import ROOT
-from .results import Say, _stderr
+from autograder.shared import notebooks
+from autograder.grade.course import ROOT
+from autograder.record.results import Say, _stderr
 
 TEMPLATE = ROOT / "docs" / "student"  # README.md and Makefile of the edition
 INSTRUCTOR_ONLY_MODULES = {"bench.py"}  # grades synthetic classes from solutions/
@@ -96,9 +96,10 @@ def build_edition(dest: Path = ROOT / "_build" / "student", root: Path = ROOT, s
         shutil.copyfile(nb, dest / "notebooks" / nb.name)
     _copy_tree(root / "kvref", dest / "kvref")
     (dest / "autograder").mkdir()
-    for p in sorted((root / "autograder").glob("*.py")):
-        if p.name not in INSTRUCTOR_ONLY_MODULES:
-            shutil.copyfile(p, dest / "autograder" / p.name)
+    for p in sorted((root / "autograder").rglob("*.py")):  # the stage folders keep their place
+        if p.name not in INSTRUCTOR_ONLY_MODULES and "__pycache__" not in p.parts:
+            (dest / p.relative_to(root)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(p, dest / p.relative_to(root))
     for name in ("pyproject.toml", "nbgrader_config.py"):
         shutil.copyfile(root / name, dest / name)
     (dest / "scripts").mkdir()

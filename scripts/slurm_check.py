@@ -24,14 +24,14 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder import notebooks  # noqa: E402
+from autograder.shared import notebooks  # noqa: E402
 from autograder.batch import shard_of  # noqa: E402
 from autograder.bench import wrong_answers  # noqa: E402
 from autograder.commands import SOLUTIONS  # noqa: E402
-from autograder.gradebook import feedback_zip  # noqa: E402
-from autograder.report import report  # noqa: E402
-from autograder.results import read_csv  # noqa: E402
-from autograder.review import review  # noqa: E402
+from autograder.export.gradebook import feedback_zip  # noqa: E402
+from autograder.report.report import report  # noqa: E402
+from autograder.record.results import read_csv  # noqa: E402
+from autograder.record.review import review  # noqa: E402
 
 # The two cheapest chapters to grade (docs/benchmarks.md: about 5 s per notebook each).
 STEMS = ("03_memory", "05_paging")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from autograder.gradebook import write_outputs
-from autograder.results import Row
+from autograder.export.gradebook import write_outputs
+from autograder.record.results import Row
 
 STUDENTS = [f"s{i:02d}" for i in range(10)]
 # notebook -> test -> (points, how many of the graded students pass it)

@@ -29,12 +29,12 @@ import nbformat
 import pytest
 from nbformat.v4 import new_markdown_cell
 
-from autograder import notebooks as nbs
-from autograder import sandbox
+from autograder.shared import notebooks as nbs
+from autograder.shared import sandbox
 from autograder.batch import Settings, grade_batch, shard_of
-from autograder.results import merge, read_csv
+from autograder.record.results import merge, read_csv
 from autograder.commands import build_releases
-from autograder.course import Course
+from autograder.grade.course import Course
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "90_hostile"

@@ -24,11 +24,11 @@ import nbformat
 import pytest
 from nbformat.v4 import new_markdown_cell
 
-from autograder import notebooks as nbs
+from autograder.shared import notebooks as nbs
 from autograder.batch import Settings, grade_batch
 from autograder.commands import build_releases
-from autograder.course import Course
-from autograder.results import read_csv
+from autograder.grade.course import Course
+from autograder.record.results import read_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "91_course"
@@ -134,7 +134,7 @@ def test_gradebook_and_lms_files(week):
 
 
 def test_review_then_manual_merge(week, tmp_path):
-    from autograder.review import review
+    from autograder.record.review import review
 
     out = tmp_path / "out"
     shutil.copytree(week["out"], out)
@@ -173,7 +173,7 @@ def test_review_then_manual_merge(week, tmp_path):
 
 
 def test_feedback_zip(week, tmp_path):
-    from autograder.gradebook import feedback_zip
+    from autograder.export.gradebook import feedback_zip
 
     assert feedback_zip(week["out"], tmp_path / "fb.zip", say=lambda m: None) == 0
     names = zipfile.ZipFile(tmp_path / "fb.zip").namelist()
@@ -238,7 +238,7 @@ def test_stretch_report_says_what_the_stretch_check_said():
     stretch said nothing)."""
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-    from autograder.job import stretch_report
+    from autograder.grade.job import stretch_report
 
     answer = new_code_cell("def f():\n    return 1", metadata={"nbgrader": {
         "grade": False, "grade_id": "stretch_f", "locked": False, "schema_version": 3, "solution": True, "task": False}})

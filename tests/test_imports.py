@@ -7,20 +7,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from autograder.course import ROOT
+from autograder.grade.course import ROOT
 
 PACKAGE = ROOT / "autograder"
-# The pipeline's stages in order; a module may import its own stage and the ones before it. A new module gets
-# its place here (the test below fails until it has one).
-STAGES = {
-    "shared": ["rows", "notebooks", "sandbox", "warm", "warm_server", "warm_client", "nbgrader_config", "mutants"],
-    "intake": ["platforms", "intake"],  # LMS exports, roster, late flags, preflight repairs
-    "grade": ["course", "feedback", "job", "grading"],  # course set-up, kernels, one sandboxed job
-    "record": ["results", "review"],  # rows, statuses, sheets, shards, review of free text
-    "export": ["gradebook", "merging"],  # gradebook, Canvas/Moodle import files, feedback zip, merged OUT
-    "report": ["report_stats", "report"],  # the class report
-    "top": ["batch", "check", "gradescope", "student", "bench", "mutation", "commands", "__main__"],
-}
+# The pipeline's stages in order, one folder each (autograder/<stage>/); a module may import its own stage and
+# the ones before it; the commands sit on top, beside the folders. A new folder or top module gets its place here
+# (the tests below fail until it has one).
+STAGES = ["shared", "intake", "grade", "record", "export", "report"]
+TOP = ["batch", "check", "gradescope", "student", "bench", "mutation", "commands", "__main__"]
 
 
 def imported_modules(path: Path, package: str = "autograder", depth: int = 1) -> set[str]:
@@ -93,13 +87,32 @@ def test_kvref_has_no_import_circle():
 
 
 def test_each_stage_imports_only_the_stages_before_it():
-    rank = {m: i for i, stage in enumerate(STAGES.values()) for m in stage}
+    """Each stage folder is one node of the graph (all its files together); the commands on top may import any
+    stage, a stage never imports a command."""
+    rank = {m: i for i, m in enumerate(STAGES)} | {m: len(STAGES) for m in TOP}
     graph = import_graph()
-    assert not set(graph) - set(rank), f"modules without a stage in STAGES: {sorted(set(graph) - set(rank))}"
-    names = list(STAGES)
-    wrong = [f"{m} ({names[rank[m]]}) imports {d} ({names[rank[d]]})" for m in sorted(graph) for d in sorted(graph[m])
+    assert set(STAGES) <= set(graph), f"stage folders missing: {sorted(set(STAGES) - set(graph))}"
+    assert not set(graph) - set(rank), f"modules or folders without a place in STAGES/TOP: {sorted(set(graph) - set(rank))}"
+    assert "shared" in graph["grade"] and "grade" in graph["batch"]  # the graph was read
+    name = lambda m: m if m in STAGES else f"{m} (top)"  # noqa: E731
+    wrong = [f"{name(m)} imports {name(d)}" for m in sorted(graph) for d in sorted(graph[m])
              if rank[d] > rank[m]]
     assert not wrong, "imports against the order of the stages:\n" + "\n".join(wrong)
+
+
+def test_a_stage_is_a_folder_that_says_what_it_takes_and_gives():
+    """A newcomer opening autograder/ sees the stages as folders; each __init__ docstring says what the stage
+    takes and what it gives, and no module is left loose beside them except the commands."""
+    loose = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert loose == sorted(TOP), f"modules outside the stage folders that are not commands: {sorted(set(loose) - set(TOP))}"
+    for stage in STAGES:
+        init = PACKAGE / stage / "__init__.py"
+        assert init.is_file(), f"autograder/{stage}/ is not a package"
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        assert "Takes:" in doc and "Gives:" in doc, f"autograder/{stage}/__init__.py: say what the stage takes and gives"
+        modules = sorted(p.stem for p in (PACKAGE / stage).glob("*.py") if p.stem != "__init__")
+        missing = [m for m in modules if m not in doc]
+        assert not missing, f"autograder/{stage}/__init__.py does not name its modules {missing}"
 
 
 def test_find_circle_sees_a_circle_through_a_function_level_import(tmp_path):

@@ -19,12 +19,12 @@ from generated_class import make_rows, write_out
 
 from autograder.batch import grade_batch, shard_of
 from autograder.commands import SOLUTIONS
-from autograder.course import ROOT
-from autograder.gradebook import feedback_zip
-from autograder.merging import merge_into
-from autograder.report import report
-from autograder.results import Row, merge, read_csv, write_csv
-from autograder.review import review
+from autograder.grade.course import ROOT
+from autograder.export.gradebook import feedback_zip
+from autograder.export.merging import merge_into
+from autograder.report.report import report
+from autograder.record.results import Row, merge, read_csv, write_csv
+from autograder.record.review import review
 
 N = 3
 STEMS = ["03_memory", "05_paging"]

@@ -1,4 +1,4 @@
-"""The mutation machinery (autograder/mutants.py, autograder/mutation.py) and the determinism of grading.
+"""The mutation machinery (autograder/shared/mutants.py, autograder/mutation.py) and the determinism of grading.
 
 - the mutator: each operator gives the mutants it should, only inside solution regions, every mutant
   parses and differs from the solution, keys are unique and stable;
@@ -20,8 +20,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import notebooks as nbs
-from autograder.mutants import mutate_cell, solution_lines
+from autograder.shared import notebooks as nbs
+from autograder.shared.mutants import mutate_cell, solution_lines
 from autograder.mutation import (EQUIVALENT_FILE, autograde_mutants, chapter_mutants, grade_cells, grade_mutants,
                                  load_equivalent, sample)
 

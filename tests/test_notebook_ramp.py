@@ -25,7 +25,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import notebooks as nbs
+from autograder.shared import notebooks as nbs
 
 ROOT = Path(__file__).resolve().parents[1]
 STEMS = sorted(p.stem for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))

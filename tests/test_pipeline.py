@@ -35,7 +35,7 @@ from book_build import built_book  # noqa: F401  (the one shared book build)
 from nbformat.v4 import new_markdown_cell
 
 from autograder import Course, cell_timeout, solution_files
-from autograder import notebooks as nbs
+from autograder.shared import notebooks as nbs
 from autograder.commands import STEM_RE, build_releases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,7 +324,7 @@ def leaks(stem: str, folder: Path) -> list[str]:
 @pytest.mark.parametrize("stem", STEMS)
 def test_no_secret_in_notebooks(stem):
     # Solution and hidden-test lines of at least MIN_SECRET_CHARS characters that are not shown
-    # to students anyway elsewhere in the same notebook (see autograder/notebooks.py).
+    # to students anyway elsewhere in the same notebook (see autograder/shared/notebooks.py).
     found = leaks(stem, NOTEBOOKS)
     assert not found, f"solution or hidden-test lines of {stem} in notebooks/:\n  " + "\n  ".join(found[:20])
 

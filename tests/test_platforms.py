@@ -1,4 +1,4 @@
-"""Intake of the platforms' exports (autograder/platforms.py), on generated fixtures: no grading,
+"""Intake of the platforms' exports (autograder/intake/platforms.py), on generated fixtures: no grading,
 no kernel, so these run in a second. Every export shape the README names is laid out here."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder import platforms
-from autograder.intake import match_files
+from autograder.intake import platforms
+from autograder.intake.intake import match_files
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "03_memory"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder.course import ROOT
-from autograder.report import report
-from autograder.report_stats import failure_message
-from autograder.results import ROWS_JSON
+from autograder.grade.course import ROOT
+from autograder.report.report import report
+from autograder.report.report_stats import failure_message
+from autograder.record.results import ROWS_JSON
 from generated_class import ANSWERED, FREE_TEXT, HIDDEN, REVIEWED, STUDENTS, TESTS, TRACEBACK, expected, make_class
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import require_tool
 
-from autograder.course import ROOT
+from autograder.grade.course import ROOT
 
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "sacct", "squeue", "scontrol", "sinfo", "scancel")
 DAEMONS = {"munged", "slurmctld", "slurmd", "slurmstepd"}

@@ -24,7 +24,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import notebooks as nbs
+from autograder.shared import notebooks as nbs
 from autograder.student import build_edition, leaks
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Warm kernels (autograder/warm.py): a kernel forked from the warm server behaves like a cold one.
+"""Warm kernels (autograder/shared/warm.py): a kernel forked from the warm server behaves like a cold one.
 
 - the same environment, working directory, argv, sys.path, torch threads and kvref, and no pytest
   variable in either (ipykernel stops capturing C-level stderr when it sees PYTEST_CURRENT_TEST);
@@ -28,9 +28,11 @@ import nbformat
 import pytest
 from jupyter_client.manager import KernelManager
 
-from autograder import Course, grade_batch, grading, sandbox, warm
-from autograder import notebooks as nbs
-from autograder.course import ROOT, kernel_environment
+from autograder import Course, grade_batch
+from autograder.grade import grading
+from autograder.shared import sandbox, warm
+from autograder.shared import notebooks as nbs
+from autograder.grade.course import ROOT, kernel_environment
 
 PROBE = r"""
 import json, os, resource, sys, torch, kvref

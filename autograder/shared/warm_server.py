@@ -1,7 +1,7 @@
-"""The warm server (started by ``autograder/warm.py``): imports what a kernel (or a grading job)
+"""The warm server (started by ``autograder/shared/warm.py``): imports what a kernel (or a grading job)
 imports, then forks one sandboxed process per client.
 
-    python -m autograder.warm_server KIND SOCKET_PATH     # KIND: kernel or job
+    python -m autograder.shared.warm_server KIND SOCKET_PATH     # KIND: kernel or job
 
 The client passes its argv, environment, working directory and stdin/stdout/stderr over a Unix
 socket; the server forks a *monitor* for it, single-threaded, which applies the sandbox policy
@@ -27,7 +27,7 @@ import socket
 import sys
 from pathlib import Path
 
-from .warm import PRELOAD, threads
+from autograder.shared.warm import PRELOAD, threads
 
 def serve(kind: str, path: str) -> int:
     """Import PRELOAD[kind], listen on ``path``, fork a monitor per connection. Prints ``ready``
@@ -127,7 +127,7 @@ def _monitor(kind: str, conn: socket.socket) -> int:
             raise ValueError(f"this server forks {kind}s, not {req.get('kind')}s")
         if kind == "kernel" and argv[1:3] != ["-m", "ipykernel_launcher"]:
             raise ValueError(f"not an ipykernel command: {argv[:3]}")
-        if kind == "job" and argv[1:3] != ["-m", "autograder.job"]:
+        if kind == "job" and argv[1:3] != ["-m", "autograder.grade.job"]:
             raise ValueError(f"not a grading job: {argv[:3]}")
         policy = json.loads(Path(req["policy"]).read_text()) if req.get("policy") else {"isolate": False}
         os.chdir(cwd)
@@ -137,7 +137,7 @@ def _monitor(kind: str, conn: socket.socket) -> int:
         conn.sendall(f"no: {type(e).__name__}: {e}\n".encode())
         return 1
     conn.sendall(b"ok\n")
-    from . import sandbox
+    from autograder.shared import sandbox
 
     def start(argv: list[str], env: dict) -> None:
         conn.close()

@@ -25,7 +25,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .rows import Say, _stderr
+from autograder.shared.rows import Say, _stderr
 
 FORMATS = ("auto", "canvas", "moodle", "classroom", "folders")
 CANVAS_RE = re.compile(r"^(?P<name>[^_]+?)(?P<late>_LATE|_late)?_(?P<uid>\d+)_(?P<sid>\d+)_(?P<file>.+)$")

@@ -13,8 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
-from .gradebook import write_outputs
-from .results import ROWS_JSON, Row, Say, Shards, _stderr, gather, merged_line, read_rows, refuse, summary
+from autograder.export.gradebook import write_outputs
+from autograder.record.results import ROWS_JSON, Row, Say, Shards, _stderr, gather, merged_line, read_rows, refuse, summary
 
 
 def full_rows(shards: Shards) -> list[Row]:

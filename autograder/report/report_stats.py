@@ -18,8 +18,8 @@ import json
 import re
 from pathlib import Path
 
-from .results import ROWS_JSON, STATUSES, Row, read_csv, read_rows
-from .review import ANSWERS, read_review
+from autograder.record.results import ROWS_JSON, STATUSES, Row, read_csv, read_rows
+from autograder.record.review import ANSWERS, read_review
 
 TESTS_FIELDS = ["notebook", "test", "points", "students", "passed", "pass_rate", "most_common_failure",
                 "failure_count"]

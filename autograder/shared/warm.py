@@ -10,9 +10,9 @@ runs in a fresh process (forked, so nothing one student's code does reaches the 
 nbgrader through jupyter_client as before, with the same connection file, stderr capture,
 interrupt, per-cell timeout and shutdown.
 
-How: jupyter_client starts ``autograder/warm_client.py`` (standard library only) as the kernel; the
+How: jupyter_client starts ``autograder/shared/warm_client.py`` (standard library only) as the kernel; the
 client hands its argv, environment, working directory and stdin/stdout/stderr to the server
-(``autograder/warm_server.py``), which forks a sandboxed kernel for it. This module is the grader's
+(``autograder/shared/warm_server.py``), which forks a sandboxed kernel for it. This module is the grader's
 side: the servers' start and status, the command a kernel.json runs, and the kernels' environment.
 ``KVREF_WARM=0`` turns warm kernels off.
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterator
 
 CLIENT = Path(__file__).resolve().with_name("warm_client.py")
-ROOT = CLIENT.parents[1]
+ROOT = CLIENT.parents[2]
 ENV_SOCKET = "KVREF_WARM_SOCKETS"  # "kernel=PATH:job=PATH", inherited by grading jobs
 # What a kernel imports before any cell: the course's code and the kernel itself.
 PRELOAD = {
@@ -42,7 +42,7 @@ PRELOAD = {
                "kvref.paged", "kvref.prefix", "kvref.evict", "kvref.memory", "ipykernel.kernelapp",
                "ipykernel.ipkernel", "ipykernel.zmqshell", "ipykernel.iostream", "IPython.core.interactiveshell",
                "ipywidgets"],
-    "job": ["autograder.job", "nbgrader.apps", "nbgrader.converters", "nbgrader.preprocessors", "nbclient",
+    "job": ["autograder.grade.job", "nbgrader.apps", "nbgrader.converters", "nbgrader.preprocessors", "nbclient",
             "jupyter_client", "jupyter_client.provisioning.local_provisioner", "sqlalchemy.dialects.sqlite",
             "nbconvert.exporters.html"],  # the feedback page
 }
@@ -144,7 +144,7 @@ class Servers:
                 continue
             path = str(self.dir / kind)
             with open(self.dir / f"{kind}.log", "wb") as log:
-                self.procs[kind] = subprocess.Popen([sys.executable, "-m", "autograder.warm_server", kind, path],
+                self.procs[kind] = subprocess.Popen([sys.executable, "-m", "autograder.shared.warm_server", kind, path],
                                                     stdout=subprocess.PIPE, stderr=log, env=env, cwd=str(self.dir),
                                                     start_new_session=True)
             self.sockets[kind] = path
@@ -253,7 +253,7 @@ def command(kind: str, argv: list[str], policy_file: Path | None = None) -> list
     path = socket_for(kind)
     if path is None:
         if kind == "kernel" and policy_file is not None:
-            from . import sandbox
+            from autograder.shared import sandbox
 
             return sandbox.command(policy_file, argv)
         return argv

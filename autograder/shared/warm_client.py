@@ -1,12 +1,12 @@
 """The kernel (or grading job) command when a warm server runs: a tiny process, standard library only.
 
-    python autograder/warm_client.py SOCKET KIND POLICY -- ARGV...
+    python autograder/shared/warm_client.py SOCKET KIND POLICY -- ARGV...
 
 KIND is ``kernel`` (ARGV is ``python -m ipykernel_launcher ...``; POLICY a sandbox policy file or
-``-``) or ``job`` (ARGV is ``python -m autograder.job JOBDIR``). The client hands the warm server
-(``autograder/warm_server.py``) its argv, environment, working directory and its stdin/stdout/stderr;
+``-``) or ``job`` (ARGV is ``python -m autograder.grade.job JOBDIR``). The client hands the warm server
+(``autograder/shared/warm_server.py``) its argv, environment, working directory and its stdin/stdout/stderr;
 the server forks a process that has already imported torch (or nbgrader) and runs ARGV's program
-in it, sandboxed by POLICY exactly as ``python -m autograder.sandbox POLICY -- ARGV`` would.
+in it, sandboxed by POLICY exactly as ``python -m autograder.shared.sandbox POLICY -- ARGV`` would.
 This process stands in for that one: signals sent to it (interrupt, terminate, kill) reach the
 forked process, its exit status is ours, and when we die (or our parent does) it is killed.
 
@@ -26,7 +26,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.
 
 def cold_command(kind: str, policy: str, argv: list[str]) -> list[str]:
     if kind == "kernel" and policy != "-":
-        return [sys.executable, "-m", "autograder.sandbox", policy, "--", *argv]
+        return [sys.executable, "-m", "autograder.shared.sandbox", policy, "--", *argv]
     return argv
 
 
@@ -57,7 +57,7 @@ def main(args: list[str]) -> int:
     try:
         conn = connect(path, kind, policy, argv)
     except OSError as e:
-        print(f"autograder.warm: no warm {kind} ({e}); starting a cold one", file=sys.stderr, flush=True)
+        print(f"autograder.shared.warm: no warm {kind} ({e}); starting a cold one", file=sys.stderr, flush=True)
         cold = cold_command(kind, policy, argv)
         os.execvp(cold[0], cold)
 

@@ -20,8 +20,8 @@ import json
 import re
 from pathlib import Path
 
-from . import notebooks
-from .results import Row, Say, _stderr
+from autograder.shared import notebooks
+from autograder.record.results import Row, Say, _stderr
 
 REVIEW_FIELDS = ["student", "notebook", "question", "max_points", "points", "comment"]
 ANSWERS = "answers.json"  # OUT/answers.json: the free-text answers of the last grade run

@@ -1,5 +1,5 @@
 # nbgrader settings for grading the course notebooks headless (no JupyterHub, no exchange).
-# autograder/course.py loads this file for every course directory it builds; the directory
+# autograder/grade/course.py loads this file for every course directory it builds; the directory
 # layout (root, gradebook) is set there, per run, because the course lives in a temp dir.
 #
 # The values here are the contract of docs/COURSE_PIPELINE.md: a graded test cell wraps its

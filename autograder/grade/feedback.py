@@ -11,7 +11,7 @@ import re
 
 import nbformat
 
-from . import notebooks
+from autograder.shared import notebooks
 
 MAX_FEEDBACK_OUTPUT = 20_000  # characters of one output shown in a feedback page
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

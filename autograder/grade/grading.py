@@ -1,7 +1,7 @@
 """The grade stage: one submission through a sandboxed nbgrader job, and the canary.
 
 ``_grade_one`` takes a submission that intake found (``intake.preflight`` repairs it first), makes
-a private nbgrader course directory for it (``_job_course``), runs ``python -m autograder.job`` in
+a private nbgrader course directory for it (``_job_course``), runs ``python -m autograder.grade.job`` in
 a child process with a wall-clock limit (``run_job``), copies the feedback page out and returns the
 ``Row``. ``Settings`` are the limits of every job; ``isolation_status`` says whether the kernels
 will run in the sandbox; ``canary_hint`` names the setting to blame when the instructor's own
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import nbformat
 
-from . import sandbox, warm
-from .intake import Invalid, preflight
-from .rows import Row, Say
+from autograder.shared import sandbox, warm
+from autograder.intake.intake import Invalid, preflight
+from autograder.shared.rows import Row, Say
 
 
 @dataclasses.dataclass
@@ -59,7 +59,7 @@ def _job_course(jobdir: Path, base: Path, stem: str, student: str, nb: nbformat.
 def run_job(jobdir: Path, wall: float) -> dict:
     """Grade one prepared job in a child process; kill its whole process group past ``wall``."""
     log = open(jobdir / "job.log", "wb")
-    cmd = warm.command("job", [sys.executable, "-m", "autograder.job", str(jobdir)])
+    cmd = warm.command("job", [sys.executable, "-m", "autograder.grade.job", str(jobdir)])
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env=warm.kernel_env())  # workers are threads: os.environ is left alone
     try:

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from .rows import STATUSES, Row, Say, _stderr
+from autograder.shared.rows import STATUSES, Row, Say, _stderr
 
 __all__ = ["STATUSES", "Row", "Say", "Shards", "gather", "merge", "read_csv", "read_rows", "shard_of", "summary",
            "write_csv", "write_rows"]  # STATUSES, Row, Say: imported here from rows.py

@@ -1,6 +1,6 @@
 """Run untrusted student code (the notebook kernel) in a sandbox, on Linux, without root or Docker.
 
-    python -m autograder.sandbox POLICY.json -- python -m ipykernel_launcher -f kernel.json
+    python -m autograder.shared.sandbox POLICY.json -- python -m ipykernel_launcher -f kernel.json
 
 nbgrader starts every kernel through this launcher (see ``kernel_command`` and ``course.py``).
 With user namespaces available (``unshare -rn`` works) the kernel runs
@@ -274,7 +274,7 @@ def run(policy: dict, argv: list[str], start=_exec, wait=None) -> int:
         status = wait(pid)
         err = os.read(read_end, 4096).decode(errors="replace")
         if err:
-            print(f"autograder.sandbox: {err}", file=sys.stderr, flush=True)
+            print(f"autograder.shared.sandbox: {err}", file=sys.stderr, flush=True)
         return status
     try:  # PID 1
         os.close(read_end)
@@ -322,7 +322,7 @@ def readonly_paths(root: Path) -> list[str]:
 
 
 def command(policy_file: Path, argv: list[str]) -> list[str]:
-    return [sys.executable, "-m", "autograder.sandbox", str(policy_file), "--", *argv]
+    return [sys.executable, "-m", "autograder.shared.sandbox", str(policy_file), "--", *argv]
 
 
 PROBE = """
@@ -352,12 +352,12 @@ def probe(hidden: list[str], policy: dict | None = None, timeout: float = 60) ->
 
     with tempfile.TemporaryDirectory(prefix="kvsb-") as tmp:
         pol = dict(policy or {})
-        pol.setdefault("ro", readonly_paths(Path(__file__).resolve().parents[1]))
+        pol.setdefault("ro", readonly_paths(Path(__file__).resolve().parents[2]))
         pol.update(rw=[tmp], cwd=tmp, isolate=True)
         pf = Path(tmp) / "policy.json"
         pf.write_text(json.dumps(pol))
         try:
-            here = str(Path(__file__).resolve().parents[1])  # so that `-m autograder.sandbox` imports
+            here = str(Path(__file__).resolve().parents[2])  # so that `-m autograder.shared.sandbox` imports
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [here, os.environ.get("PYTHONPATH")] if p))
             p = subprocess.run(command(pf, [sys.executable, "-c", PROBE, *hidden]), capture_output=True,
                                text=True, timeout=timeout, env=env)

@@ -15,9 +15,9 @@ import html
 import statistics
 from pathlib import Path
 
-from .report_stats import (HELP_LOWEST, ClassData, Helped, Question, TestStat, load, needs_help, review_progress,
+from autograder.report.report_stats import (HELP_LOWEST, ClassData, Helped, Question, TestStat, load, needs_help, review_progress,
                            status_counts, test_stats, write_tests_csv)
-from .results import ROWS_JSON, STATUSES, Say, _stderr
+from autograder.record.results import ROWS_JSON, STATUSES, Say, _stderr
 
 STATUS_NAMES = {"ok": "graded", "late": "late", "missing": "missing", "invalid": "invalid", "timeout": "timeout",
                 "error": "error", "needs_review": "manual pending"}

@@ -1,8 +1,8 @@
-"""One grading job: ``python -m autograder.job JOBDIR`` (started by ``grading.run_job``).
+"""One grading job: ``python -m autograder.grade.job JOBDIR`` (started by ``grading.run_job``).
 
 JOBDIR/job.json says what to grade; JOBDIR/course is a private nbgrader course directory with
 this one submission and a copy of the gradebook. The kernel starts through
-``autograder.sandbox`` with jupyter_client's ``ipc`` transport (Unix sockets in a short folder
+``autograder.shared.sandbox`` with jupyter_client's ``ipc`` transport (Unix sockets in a short folder
 under /tmp, removed at the end). Writes JOBDIR/result.json (status, score, reason, per-cell
 scores) and JOBDIR/feedback.html (hidden tests taken out).
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-from . import notebooks, sandbox, warm
-from .feedback import ANSI as feedback_ANSI, feedback_html, redact
-from .course import ROOT, Course, kernel_environment
+from autograder.shared import notebooks, sandbox, warm
+from autograder.grade.feedback import ANSI as feedback_ANSI, feedback_html, redact
+from autograder.grade.course import ROOT, Course, kernel_environment
 
 OUTPUT_CAP = 2_000_000  # characters a kernel may print to stdout and to stderr, each
 

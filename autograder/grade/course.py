@@ -39,11 +39,11 @@ from nbformat import NotebookNode
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
-from . import notebooks, warm
-from .warm import kernel_environment  # noqa: F401  (the kernels' environment, imported from here)
+from autograder.shared import notebooks, warm
+from autograder.shared.warm import kernel_environment  # noqa: F401  (the kernels' environment, imported from here)
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG_FILE = Path(__file__).resolve().with_name("nbgrader_config.py")
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG_FILE = Path(__file__).resolve().parents[1] / "shared" / "nbgrader_config.py"
 SOLUTIONS = ROOT / "solutions"  # the instructor sources
 NOTEBOOKS = ROOT / "notebooks"  # the student notebooks made from them (``release``)
 STEM_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+$")  # NN_topic
@@ -55,7 +55,7 @@ def solution_files(solutions: Path = SOLUTIONS) -> dict[str, Path]:
 
 
 def load_config() -> Config:
-    """The settings in autograder/nbgrader_config.py."""
+    """The settings in autograder/shared/nbgrader_config.py."""
     return PyFileConfigLoader(CONFIG_FILE.name, path=str(CONFIG_FILE.parent)).load_config()
 
 

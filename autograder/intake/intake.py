@@ -17,9 +17,9 @@ from typing import Iterable
 
 import nbformat
 
-from . import notebooks
-from .platforms import candidate_files
-from .rows import Say, _stderr
+from autograder.shared import notebooks
+from autograder.intake.platforms import candidate_files
+from autograder.shared.rows import Say, _stderr
 
 STUDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 MAX_NOTEBOOK_MB = 20  # a bigger file is not a hand-written notebook (stored outputs are cleared anyway)

@@ -25,8 +25,8 @@ import json
 import zipfile
 from pathlib import Path
 
-from .results import ROWS_JSON, Row, Say, _stderr, read_csv, write_csv, write_rows
-from .review import save_answers
+from autograder.record.results import ROWS_JSON, Row, Say, _stderr, read_csv, write_csv, write_rows
+from autograder.record.review import save_answers
 
 
 def _students(out: Path) -> dict[str, dict]:
