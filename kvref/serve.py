@@ -21,6 +21,12 @@ left-padded to the longest chunk) so decode rows are not padded to prefill width
 ``Engine(..., batching="static")`` is the baseline that continuous batching replaced: a new batch
 (up to ``max_running`` requests) is admitted only when every request of the running one has finished.
 Every step records what it scheduled: ``StepStats.fed`` lists (request, tokens fed, phase).
+
+The policy is two plain functions, ``default_schedule(engine)`` (rules 1-3: returns the step's plan
+and how many requests it preempted) and ``default_finish(engine, state)`` (rule 4); pass your own
+with ``Engine(..., schedule=..., finish=...)``. ``prefix_caching`` is ``False``, ``True`` or
+``"hash"`` (vLLM's chain of block hashes, kvref.prefix) or ``"radix"`` (SGLang's radix tree,
+kvref.radix). ``metrics(states, slo)`` and ``poisson_arrivals`` (kvref.load) judge a run.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from typing import Callable, Hashable, Iterable, NamedTuple
 
 import torch
 
+from .load import metrics, poisson_arrivals  # noqa: F401  (importable from here: kvref.serve.metrics)
 from .model import Transformer
 from .paged import PagedKVCache
+from .radix import RadixCachingPool
 
 
 @dataclass
@@ -85,6 +93,7 @@ class Fed(NamedTuple):
 
 
 BATCHING = ("continuous", "static")
+PREFIX_CACHING = (False, True, "hash", "radix")  # True is "hash": vLLM's chain of block hashes (kvref.prefix)
 
 
 @dataclass
@@ -114,16 +123,24 @@ class Engine:
     """
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int = 16, token_budget: int = 256,
-                 max_running: int | None = None, prefix_caching: bool = False,
-                 clock: Callable[[], float] = time.perf_counter, batching: str = "continuous") -> None:
+                 max_running: int | None = None, prefix_caching: bool | str = False,
+                 clock: Callable[[], float] = time.perf_counter, batching: str = "continuous",
+                 schedule: Callable[[Engine], tuple[list[tuple[RequestState, int]], int]] | None = None,
+                 finish: Callable[[Engine, RequestState], None] | None = None) -> None:
         if token_budget < 1 or (max_running is not None and max_running < 1):
             raise ValueError(f"token_budget and max_running must be >= 1; got {token_budget}, {max_running}")
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {BATCHING}; got {batching!r}")
+        if not any(prefix_caching is m or (isinstance(m, str) and prefix_caching == m) for m in PREFIX_CACHING):
+            raise ValueError(f"prefix_caching must be one of {PREFIX_CACHING} (True is the hash chain); "
+                             f"got {prefix_caching!r}")
         self.model, self.budget, self.max_running, self.clock = model, token_budget, max_running, clock
-        self.batching = batching
+        self.batching, self.prefix_caching = batching, prefix_caching
+        self.schedule_fn, self.finish_fn = schedule or default_schedule, finish or default_finish
         self.cache = PagedKVCache(model.cfg, num_blocks, block_size, dtype=model.dtype, device=model.device,
-                                  prefix_caching=prefix_caching)
+                                  prefix_caching=prefix_caching in (True, "hash"))
+        if prefix_caching == "radix":  # the cache only talks to its pool: swap in the tree-backed one
+            self.cache.pool = RadixCachingPool(num_blocks, block_size)
         self.states: dict[Hashable, RequestState] = {}
         self.pending: list[RequestState] = []  # not arrived yet
         self.waiting: deque[RequestState] = deque()
@@ -162,7 +179,11 @@ class Engine:
         while self.pending or self.waiting or self.running:
             if not (self.waiting or self.running):  # idle: jump the clock to the next arrival
                 self.step_no = max(self.step_no, min(s.req.arrival for s in self.pending))
-            self.step()
+            if not self.step().fed:  # nothing ran, so the next step would decide the same: it never ends
+                raise RuntimeError(f"the engine stalled at step {self.step_no - 1}: nothing was scheduled with "
+                                   f"{len(self.running)} running, {len(self.waiting)} waiting and "
+                                   f"{self.cache.pool.num_free} of {self.cache.pool.num_blocks} blocks free "
+                                   f"(are finished requests' blocks freed?)")
         return self.states
 
     # -- one step ---------------------------------------------------------------------------------
@@ -188,47 +209,17 @@ class Engine:
         return stats
 
     def _schedule(self) -> tuple[list[tuple[RequestState, int]], int]:
-        """Pick (request, tokens to feed) pairs for this step within the token budget and free blocks."""
-        cache, plan, budget, claimed, preempted = self.cache, [], self.budget, 0, 0
-        i = 0
-        while i < len(self.running) and budget > 0:
-            s = self.running[i]
-            n = min(len(s.tokens) - s.computed, budget)
-            need = cache.blocks_needed(s.req.rid, n)
-            while need > cache.pool.num_free - claimed and self.running[-1] is not s:
-                self._preempt(self.running[-1])  # newest first: it has done the least work
-                preempted += 1
-            if need > cache.pool.num_free - claimed:  # s itself is the newest: it waits
-                self._preempt(s)
-                preempted += 1
-                break
-            plan.append((s, n))
-            claimed, budget, i = claimed + need, budget - n, i + 1
-        admit = self.batching == "continuous" or not self.running  # static: only between batches
-        while admit and self.waiting and budget > 0 and len(self.running) < (self.max_running or 1 << 30):
-            s = self.waiting[0]
-            cached = cache.add_sequence(s.req.rid, s.tokens)  # with prefix caching: takes cached blocks
-            n = min(len(s.tokens) - cached, budget)
-            need = cache.blocks_needed(s.req.rid, n)
-            whole = cache.blocks_needed(s.req.rid, len(s.tokens) - cached) + (self.watermark if self.running else 0)
-            if whole > cache.pool.num_free - claimed:
-                cache.free_sequence(s.req.rid)  # not now: keep arrival order, try again next step
-                break
-            self.waiting.popleft()
-            if s.preemptions == 0:  # count the prefix cache's help once, not again on recompute
-                s.cached_tokens = cached
-            s.computed = cached
-            self.running.append(s)
-            plan.append((s, n))
-            claimed, budget = claimed + need, budget - n
-        return plan, preempted
+        """Pick (request, tokens to feed) pairs for this step: the ``schedule`` function decides."""
+        return self.schedule_fn(self)
+
+    def free(self, s: RequestState) -> None:
+        """Give back the blocks of ``s`` (with a radix tree: let go of its path first)."""
+        if isinstance(self.cache.pool, RadixCachingPool):
+            self.cache.pool.unlock_sequence(self.cache.seqs[s.req.rid].hashes)
+        self.cache.free_sequence(s.req.rid)
 
     def _preempt(self, s: RequestState) -> None:
-        self.cache.free_sequence(s.req.rid)
-        self.running.remove(s)
-        s.computed = 0  # recompute from scratch (prompt + output so far) when readmitted
-        s.preemptions += 1
-        self.waiting.appendleft(s)
+        preempt(self, s)
 
     @torch.inference_mode()
     def _forward(self, rows: list[tuple[RequestState, int]]) -> None:
@@ -256,5 +247,62 @@ class Engine:
                 s.first_token_step = self.step_no
             if s.done:
                 s.finish_step = self.step_no
-                self.cache.free_sequence(s.req.rid)
-                self.running.remove(s)
+                self.finish_fn(self, s)
+
+
+# -- the scheduler: what Engine calls every step (swap in your own with Engine(..., schedule=, finish=)) --
+def default_schedule(engine: Engine) -> tuple[list[tuple[RequestState, int]], int]:
+    """Pick (request, tokens to feed) pairs within the token budget and the free blocks.
+
+    Running requests first, oldest first (decodes and prefill chunks alike), preempting the newest
+    when blocks run out; then waiting requests in arrival order while the budget lasts and their
+    whole prompt fits with the watermark to spare. Returns the plan and how many were preempted.
+    """
+    cache, plan, budget, claimed, preempted = engine.cache, [], engine.budget, 0, 0
+    i = 0
+    while i < len(engine.running) and budget > 0:
+        s = engine.running[i]
+        n = min(len(s.tokens) - s.computed, budget)
+        need = cache.blocks_needed(s.req.rid, n)
+        while need > cache.pool.num_free - claimed and engine.running[-1] is not s:
+            preempt(engine, engine.running[-1])  # newest first: it has done the least work
+            preempted += 1
+        if need > cache.pool.num_free - claimed:  # s itself is the newest: it waits
+            preempt(engine, s)
+            preempted += 1
+            break
+        plan.append((s, n))
+        claimed, budget, i = claimed + need, budget - n, i + 1
+    admit = engine.batching == "continuous" or not engine.running  # static: only between batches
+    while admit and engine.waiting and budget > 0 and len(engine.running) < (engine.max_running or 1 << 30):
+        s = engine.waiting[0]
+        cached = cache.add_sequence(s.req.rid, s.tokens)  # with prefix caching: takes cached blocks
+        n = min(len(s.tokens) - cached, budget)
+        need = cache.blocks_needed(s.req.rid, n)
+        whole = cache.blocks_needed(s.req.rid, len(s.tokens) - cached) + (engine.watermark if engine.running else 0)
+        if whole > cache.pool.num_free - claimed:
+            engine.free(s)  # not now: keep arrival order, try again next step
+            break
+        engine.waiting.popleft()
+        if s.preemptions == 0:  # count the prefix cache's help once, not again on recompute
+            s.cached_tokens = cached
+        s.computed = cached
+        engine.running.append(s)
+        plan.append((s, n))
+        claimed, budget = claimed + need, budget - n
+    return plan, preempted
+
+
+def preempt(engine: Engine, s: RequestState) -> None:
+    """Take ``s`` off the running list: free its blocks, recompute it from scratch when readmitted."""
+    engine.free(s)
+    engine.running.remove(s)
+    s.computed = 0  # prompt + output so far are prefilled again
+    s.preemptions += 1
+    engine.waiting.appendleft(s)
+
+
+def default_finish(engine: Engine, s: RequestState) -> None:
+    """``s`` produced its last token: free its blocks now, so the next step can admit someone."""
+    engine.free(s)
+    engine.running.remove(s)
