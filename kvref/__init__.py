@@ -14,7 +14,7 @@ layers (the per-layer model path and LayeredCache), mla (latent attention), hf_f
 Gemma 3, DeepSeek-V3 for load_hf), select (top-k selection over a full cache).
 """
 
-from .cache import DynamicCache, KVCache, StaticCache
+from .cache import CropError, DynamicCache, KVCache, StaticCache
 from .chunked import chunked_prefill
 from .config import MODERN_PRESETS, PRESETS, ModelConfig
 from .evict import BudgetError, H2OCache, SinkCache, SlidingWindowCache
@@ -31,7 +31,7 @@ from .serve import Engine, Request
 from .tokenizer import ByteTokenizer
 
 __all__ = [
-    "BlockPool", "BudgetError", "ByteTokenizer", "CacheFull", "DynamicCache", "Engine", "Generation",
+    "BlockPool", "BudgetError", "ByteTokenizer", "CacheFull", "CropError", "DynamicCache", "Engine", "Generation",
     "GenerationStats", "H2OCache", "KVCache", "LayeredCache", "MODERN_PRESETS", "MemoryPlan", "ModelConfig", "PRESETS", "PagedKVCache",
     "PrefixCachingPool", "QuantizationError", "QuantizedCache", "Request", "SinkCache", "SlidingWindowCache",
     "StaticCache", "Transformer", "chunked_prefill", "decode_one_token", "generate", "kv_bytes_per_token",

@@ -11,6 +11,10 @@ From that record the cache answers the two questions the model asks before each 
 how many slots are filled (``length``) and at which position each row continues (``next_pos``).
 
 Only the H_kv key/value heads are stored, never the repeated copies attention uses for GQA.
+
+Every cache can also roll back: ``cache.crop(length)`` (Hugging Face's name) keeps the first
+``length`` tokens fed and forgets the rest, as if they had never been fed. Speculative decoding
+(kvref.speculative) needs it: draft tokens the target rejects must leave no trace.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
+
+
+class CropError(ValueError):
+    """A rollback the cache cannot do (beyond what it holds, below zero, past a ring's slack, ...)."""
 
 
 class KVCache(nn.Module):
@@ -68,6 +76,38 @@ class KVCache(nn.Module):
     def nbytes(self) -> int:
         """Bytes of K/V storage this cache holds right now."""
         raise NotImplementedError
+
+    # -- rollback --------------------------------------------------------------------------------
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` tokens fed (``seen`` counts them), forget the newest ``seen - length``.
+
+        Afterwards the cache equals one that was fed only the kept tokens (per kind, see each class),
+        so the next forward continues at position ``length``. ``crop(0)`` is ``reset()``. A length
+        below 0 or above ``seen`` (HF reads a negative length as "drop that many"; kvref refuses it)
+        raises CropError and leaves the cache unchanged.
+        """
+        self._check_crop(length)
+        drop = self.seen - length
+        if drop == 0:
+            return
+        if length == 0:
+            self.reset()
+            return
+        self._crop_storage(length, drop)
+        keep = self.length - drop  # held slots that stay (length == seen unless the cache evicts)
+        self.next_pos = self.next_pos - self.real[:, keep:].sum(dim=1)  # padding never advanced a position
+        self.real = self.real[:, :keep]
+        self.length, self.seen = keep, length
+        self.padded = not bool(self.real.all())
+
+    def _check_crop(self, length: int) -> None:
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.seen:
+            raise CropError(f"crop keeps the first `length` tokens: an integer from 0 to the {self.seen} tokens "
+                            f"this {type(self).__name__} holds; got {length!r}")
+
+    def _crop_storage(self, length: int, drop: int) -> None:
+        """Forget the newest ``drop`` tokens' K/V (the bookkeeping is done by ``crop``)."""
+        raise CropError(f"{type(self).__name__} cannot roll back")
 
     # -- shared helpers --------------------------------------------------------------------------
     def _store_real(self, real: torch.Tensor) -> None:
@@ -120,6 +160,11 @@ class DynamicCache(KVCache):
         self.k, self.v = [], []
         self.spec = None  # a dynamic cache can serve a new batch size after reset
 
+    def _crop_storage(self, length: int, drop: int) -> None:
+        keep = self.length - drop
+        self.k = [t[:, :, :keep] for t in self.k]  # (B, H_kv, keep, D): the next cat copies, nothing is shared
+        self.v = [t[:, :, :keep] for t in self.v]
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
@@ -171,6 +216,14 @@ class StaticCache(KVCache):
 
     def reset(self) -> None:
         super().reset()  # the buffers stay allocated; stale values are never read past `length`
+
+    def _crop_storage(self, length: int, drop: int) -> None:
+        pass  # nothing to erase: slots past `length` are never read and the next update overwrites them
+
+    def crop(self, length: int) -> None:
+        super().crop(length)
+        if self.real is not None:
+            self.real = self._real[:, : self.length]  # a view again, so _store_real keeps writing in place
 
     @property
     def nbytes(self) -> int:

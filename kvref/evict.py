@@ -27,7 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .cache import DynamicCache
+from .cache import CropError, DynamicCache
 from .config import ModelConfig
 
 
@@ -62,13 +62,24 @@ class SlidingWindowCache(DynamicCache):
       the held keys are gathered oldest first and the new ones appended (a copy of the window),
       then the newest new rows are written into the ring. A call of more than W tokens keeps
       only its last W: that is the window's contract, not a silent cut.
+
+    Rollback (``crop``, speculative decoding): a ring that already overwrote a slot cannot give the
+    old token back, so the ring gets ``slack`` extra slots, W + slack in all, that keep tokens the
+    window no longer shows. The rule: **a ring of W + s slots can drop up to s + 1 of its newest
+    tokens** (the dead slot is the +1), so a target verifying k drafts, which drops at most k, needs
+    s >= k - 1. A crop past that raises CropError. With slack, the decode step takes the copying
+    path too (the whole ring would show keys older than the window).
     """
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, slack: int = 0) -> None:
         super().__init__()
         self.window = _positive("window", window)
+        if isinstance(slack, bool) or not isinstance(slack, int) or slack < 0:
+            raise BudgetError(f"slack must be an integer >= 0 (extra ring slots for rollback); got {slack!r}")
+        self.slack, self.slots = slack, self.window + slack  # ring slots
         self.visible = max(self.window - 1, 1)  # held keys a new query can see (W = 1: kept as one)
         self._all_real = True  # no held slot is padding (the decode path needs that)
+        self._tail: torch.Tensor | None = None  # (B, <= slots) real flags of the tokens the ring holds
 
     def check(self, cfg: ModelConfig, batch: int, new_tokens: int, dtype: torch.dtype,
               device: torch.device) -> None:
@@ -84,12 +95,12 @@ class SlidingWindowCache(DynamicCache):
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, H_kv, T, D = k.shape
-        W = self.window
+        W = self.slots  # the ring: the window plus its slack
         if layer == len(self.k):  # first call for this layer: the ring, once
             self.k.append(torch.zeros(B, H_kv, W, D, dtype=k.dtype, device=k.device))
             self.v.append(torch.zeros(B, H_kv, W, D, dtype=v.dtype, device=v.device))
         ring_k, ring_v = self.k[layer], self.v[layer]  # (B, H_kv, W, D)
-        if T == 1 and W > 1 and self._all_real:
+        if T == 1 and W > 1 and self._all_real and not self.slack:
             slot = self.seen % W  # the dead token's slot (or a free one while the ring fills)
             ring_k[:, :, slot] = k[:, :, 0]  # one row, in place
             ring_v[:, :, slot] = v[:, :, 0]
@@ -108,6 +119,8 @@ class SlidingWindowCache(DynamicCache):
         return k_all, v_all
 
     def advance(self, real: torch.Tensor) -> None:
+        self._tail = real.clone() if self._tail is None else torch.cat([self._tail, real], dim=1)
+        self._tail = self._tail[:, max(0, self._tail.shape[1] - self.slots):]  # (B, <= slots)
         super().advance(real)
         self.length = min(self.length, self.visible)
         self.real = self.real[:, self.real.shape[1] - self.length:]  # (B, length), oldest first
@@ -116,6 +129,28 @@ class SlidingWindowCache(DynamicCache):
     def reset(self) -> None:
         super().reset()
         self._all_real = True
+        self._tail = None
+
+    def _check_crop(self, length: int) -> None:
+        super()._check_crop(length)
+        in_ring = self._tail.shape[1] if self._tail is not None else 0  # newest tokens the ring still holds
+        need = min(length, self.visible)  # what a query after the crop must see again
+        if self.seen - length + need > in_ring:
+            raise CropError(f"this ring of {self.slots} slots (window {self.window} + slack {self.slack}) can "
+                            f"drop at most {self.slack + 1} of its newest tokens; asked to drop "
+                            f"{self.seen - length}. Build it with slack >= {self.seen - length - 1}")
+
+    def crop(self, length: int) -> None:
+        self._check_crop(length)
+        drop = self.seen - length
+        if drop == 0 or length == 0:
+            return super().crop(length)  # nothing, or reset()
+        tail = self._tail[:, : self._tail.shape[1] - drop]  # (B, n) flags of the tokens still held, oldest first
+        self.next_pos = self.next_pos - self._tail[:, tail.shape[1]:].sum(dim=1)
+        self._tail = tail
+        self.length, self.seen = min(length, self.visible), length
+        self.real = tail[:, tail.shape[1] - self.length:]  # the ring slots themselves stay: they are never
+        self._all_real = bool(self.real.all())  # read past what `seen` says, and the next tokens overwrite them
 
 
 class _EvictingCache(DynamicCache):
@@ -126,6 +161,12 @@ class _EvictingCache(DynamicCache):
     """
 
     budget: int
+
+    def _crop_storage(self, length: int, drop: int) -> None:
+        if self.seen > self.length or self.observes:  # evicted tokens are gone; H2O's scores hold the dropped queries
+            raise CropError(f"{type(self).__name__} cannot roll back once it has evicted tokens or scored them "
+                            f"(held {self.length} of {self.seen} tokens); use a SlidingWindowCache with slack")
+        super()._crop_storage(length, drop)
 
     def advance(self, real: torch.Tensor) -> None:
         super().advance(real)

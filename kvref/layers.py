@@ -215,7 +215,7 @@ class GrowingRing(SlidingWindowCache):
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, H_kv, T, D = k.shape
-        need = min(self.window, self.seen + T)
+        need = min(self.slots, self.seen + T)
         if layer == len(self.k):
             self.k.append(k.new_zeros(B, H_kv, need, D))
             self.v.append(v.new_zeros(B, H_kv, need, D))
@@ -236,11 +236,16 @@ class LayeredCache(KVCache):
     * "shared:j" layers: nothing (they read layer j's rows during the forward call).
 
     ``nbytes`` equals ``kvref.kv_cache_bytes(cfg, batch, max_len, dtype)`` when ``static=True``, and
-    ``kv_cache_bytes(cfg, batch, S, dtype)`` at length S when ``static=False``.
+    ``kv_cache_bytes(cfg, batch, S, dtype)`` at length S when ``static=False`` (both with ``slack=0``).
+
+    ``crop(length)`` rolls every group back; the rings get ``slack`` extra slots for that (see
+    SlidingWindowCache: slack >= k - 1 for k draft tokens). A linear-attention layer ("linear", which
+    kvref plans but does not run) keeps one state that cannot be cropped: an engine copies it before
+    verifying drafts and restores the copy (then re-feeds the accepted tokens) when some are rejected.
     """
 
     def __init__(self, cfg, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None, static: bool = True) -> None:
+                 device: torch.device | str | None = None, static: bool = True, slack: int = 0) -> None:
         super().__init__()
         max_len = cfg.max_seq_len if max_len is None else max_len
         if batch < 1 or max_len < 1:
@@ -263,7 +268,7 @@ class LayeredCache(KVCache):
             groups["full"] = StaticCache(full, batch, max_len, dtype, device) if static else DynamicCache()
         if "sliding" in counts:
             ring = SlidingWindowCache if static else GrowingRing
-            groups["sliding"] = ring(min(cfg.sliding_window, max_len))
+            groups["sliding"] = ring(min(cfg.sliding_window, max_len), slack)
         if "latent" in counts:
             groups["latent"] = LatentCache(counts["latent"], cfg.kv_lora_rank, cfg.qk_rope_head_dim, batch, max_len,
                                            dtype, device, static)
@@ -297,6 +302,16 @@ class LayeredCache(KVCache):
         super().reset()
         for part in self.groups.values():
             part.reset()
+
+    def _check_crop(self, length: int) -> None:
+        super()._check_crop(length)
+        for part in self.groups.values():  # a ring may refuse: check all before anything changes
+            if isinstance(part, KVCache):
+                part._check_crop(length)
+
+    def _crop_storage(self, length: int, drop: int) -> None:
+        for part in self.groups.values():
+            part.crop(length)
 
     def nbytes_by_kind(self) -> dict[str, int]:
         return {g: part.nbytes for g, part in self.groups.items()}

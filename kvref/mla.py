@@ -172,6 +172,12 @@ class LatentCache(nn.Module):
     def reset(self) -> None:
         self.length, self.rows = 0, []
 
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` tokens (LayeredCache checks the bound): static rows past it are never read."""
+        self.length = length
+        if not self.static:
+            self.rows = [t[:, :length] for t in self.rows]  # (B, length, r + d_R)
+
     @property
     def nbytes(self) -> int:
         held = [self.buf] if self.static else self.rows

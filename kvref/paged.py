@@ -26,7 +26,7 @@ from typing import Hashable
 
 import torch
 
-from .cache import KVCache
+from .cache import CropError, KVCache
 from .config import ModelConfig
 from .pool import BlockPool, CacheFull  # noqa: F401  (importable from here too)
 from .prefix import PrefixCachingPool
@@ -228,6 +228,57 @@ class PagedKVCache(KVCache):
             else:
                 seq.tokens += list(ids[b])
                 self.pool.commit(seq.table, seq.tokens, seq.hashes)
+
+    # -- rollback (speculative decoding) ---------------------------------------------------------
+    def crop_sequence(self, seq_id: Hashable, length: int) -> None:
+        """Keep the first ``length`` tokens of one sequence; whole blocks past the cut go back to the pool.
+
+        The block the cut falls inside stays in the table, partly filled. If another holder shares it
+        (``fork``, or a prefix-cache hit), it is never written: the next step copies it first (copy on
+        write, as for any shared partial block). If only the prefix cache still names it (a full block
+        this sequence alone holds, registered under the hash of its tokens), it is dropped from the
+        prefix cache before its tail is overwritten, so no later request can match stale K/V.
+        """
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            raise CropError(f"no sequence {seq_id!r} in this cache")
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= seq.length:
+            raise CropError(f"crop keeps the first `length` tokens: an integer from 0 to the {seq.length} tokens "
+                            f"sequence {seq_id!r} holds; got {length!r}")
+        bs = self.block_size
+        while len(seq.table) > -(-length // bs):  # whole blocks past the cut, last first
+            self.pool.free(seq.table.pop())
+        if length % bs and self.pool.refs[seq.table[-1]] == 1:
+            self._unregister(seq.table[-1])  # private now, and about to be rewritten
+        if seq.real is not None:
+            seq.real = seq.real[:length]
+            seq.n_real = int(seq.real.sum())
+        else:
+            seq.n_real = length
+        seq.length = length
+        if seq.tokens is not None:
+            seq.tokens = seq.tokens[:length]
+        seq.hashes = seq.hashes[: length // bs]  # only full blocks are named
+
+    def _unregister(self, block: int) -> None:
+        hash_of = getattr(self.pool, "hash_of", None)  # a PrefixCachingPool's index (kvref.prefix)
+        if hash_of is not None and block in hash_of:
+            del self.pool.by_hash[hash_of.pop(block)]
+
+    def crop(self, length: int) -> None:
+        """Plain use (rows are sequences 0..B-1, as ``generate`` drives it): crop every row to ``length``."""
+        if self._step is not None:
+            raise CropError("crop between forward calls, not after begin() announced one")
+        rows = sorted(s for s in self.seqs if isinstance(s, int))
+        if not rows or rows != list(range(len(self.seqs))):
+            raise CropError("crop(length) is for plain use (sequences 0..B-1); use crop_sequence(seq_id, length)")
+        held = min(self.seqs[b].length for b in rows)
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= held:
+            raise CropError(f"crop keeps the first `length` tokens: an integer from 0 to the {held} tokens each "
+                            f"row holds; got {length!r}")
+        for b in rows:
+            self.crop_sequence(b, length)
+        self.length = self.seen = length
 
     # -- accounting ------------------------------------------------------------------------------
     @property

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from .cache import KVCache
+from .cache import CropError, KVCache
 from .config import ModelConfig
 
 BITS = (8, 4)  # what QuantizedCache (and kvref.memory's kv_bits) stores: int4 packed two per byte
@@ -233,6 +233,24 @@ class QuantizedCache(KVCache):
         super().reset()
         self._init_store()
         self.spec = None
+
+    def _crop_storage(self, length: int, drop: int) -> None:
+        """Only full-precision tokens can be dropped: a quantized key group's scale and zero point were
+        computed over all G of its tokens, so the kept ones cannot be restored once some are cut away.
+
+        What holds after a crop: the kept residual rows are the very rows fed (bit for bit), every quantized
+        group has the codes a cache fed only the kept tokens gives it, and such a fresh cache may still
+        hold in full precision up to ceil(drop / G) groups that this one has already quantized (they left
+        the residual while the dropped tokens were held): those numbers differ by at most scale / 2.
+        Keep ``residual >= k + 1`` for speculative decoding with k drafts, so drafts never leave the residual.
+        """
+        r = self.k_res[0].shape[2] if self.k_res else 0
+        if drop > r:
+            raise CropError(f"QuantizedCache can only drop tokens still held in full precision: its {r} newest "
+                            f"(residual={self.residual}); asked to drop {drop}. Build it with a larger residual "
+                            f"(>= k + 1 for k draft tokens)")
+        self.k_res = [t[:, :, : r - drop] for t in self.k_res]  # (B, H_kv, r - drop, D)
+        self.v_res = [t[:, :, : r - drop] for t in self.v_res]
 
     @property
     def nbytes(self) -> int:

@@ -16,6 +16,7 @@ BENCHMARKS = {
     "decode": "compiled decode, roofline, kvref vs HF by batch, paged attention in place (FlexAttention)",
     "gpu": "the GPU check: CUDA tests, decode benchmark on CUDA, one markdown report",
     "ch10": "chapter 10: bytes per token, MLA reads per step, per-layer planner, interleaved growth, top-k vs H2O",
+    "speculative": "chapter 12: acceptance and tokens/s by k, draft model vs prompt lookup, verify cost, kvref vs HF",
 }
 
 
