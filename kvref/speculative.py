@@ -187,8 +187,7 @@ def generate(target: Transformer, input_ids: torch.Tensor, max_new_tokens: int, 
         drafts, q = [], []  # proposed tokens and, when sampling, the draft's distributions
         if kk and use_model:
             for _ in range(kk):
-                feed = torch.tensor([tokens[d_len:] + drafts[len(drafts) - 1:] if drafts else tokens[d_len:]],
-                                    device=dev)
+                feed = torch.tensor([(tokens + drafts)[d_len:]], device=dev)  # what the draft has not read yet
                 d_logits = draft(feed, cache=d_cache, last_only=True)[0, -1]
                 stats.draft_forwards += 1
                 d_len += feed.shape[1]

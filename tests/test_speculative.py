@@ -226,8 +226,9 @@ def hf_pair(tmp_path_factory):
 def test_hf_assisted_generation_and_prompt_lookup_agree(hf_pair):
     (hf_t, t), (hf_d, d) = hf_pair
     ids = PROMPT
-    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=N, min_new_tokens=N, do_sample=False,
-              pad_token_id=0)
+    for m in (hf_t, hf_d):  # no end-of-sequence token: HF would stop at (or, with min_new_tokens, forbid) token 2
+        m.generation_config.eos_token_id = None
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=False, pad_token_id=0)
     want_assisted = hf_t.generate(ids, assistant_model=hf_d, **kw)
     want_lookup = hf_t.generate(ids, prompt_lookup_num_tokens=4, **kw)
     ours = sp.generate(t, ids, N, draft=d, k=4)

@@ -22,6 +22,7 @@ import time
 import torch
 
 from .. import corpus
+from ..config import ModelConfig
 from ..generate import generate
 from ..model import Transformer
 from ..speculative import expected_tokens_per_step
@@ -114,7 +115,9 @@ def hf_section(n_new: int, repeats: int) -> list[str]:
         kv_t, kv_d = load_hf(f"{d}/t"), load_hf(f"{d}/d")
     rep = torch.tensor([list(corpus.repeat_document(corpus.HELDOUT_SEED, 1, 64))])
     rnd = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(3))
-    kw = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=0)
+    for m in (hf_t, hf_d):  # no end-of-sequence token: HF would otherwise stop at (or, told min_new_tokens,
+        m.generation_config.eos_token_id = None  # forbid) token 2, which kvref's greedy decoding may well choose
+    kw = dict(max_new_tokens=n_new, do_sample=False, pad_token_id=0)
     cases = {
         "assisted (draft model, k = 4)": (rnd, dict(assistant_model=hf_d), dict(draft=kv_d, k=4)),
         "prompt lookup (k = 4), repetitive prompt": (rep, dict(prompt_lookup_num_tokens=4), dict(draft="ngram", k=4)),
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ks", type=str, default="1,2,3,4,5,6,8")
-    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--sections", type=str, default="1234", help="which sections to run, e.g. 4")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     ks = [int(x) for x in a.ks.split(",")]
@@ -154,20 +157,23 @@ def main(argv: list[str] | None = None) -> None:
     prose = torch.tensor([list(corpus.document(corpus.HELDOUT_SEED, 0, 200))])
     rep = torch.tensor([list(corpus.repeat_document(corpus.HELDOUT_SEED, 0, 200))])
     n = a.new_tokens
-    out = [f"# Speculative decoding, {n} new tokens, 1 thread, {a.repeats} interleaved repeats\n",
-           f"## 1. Trained tiny model ({sum(p.numel() for p in target.parameters()) / 1e6:.2f} M parameters, 4 layers), "
-           "held-out prose, prompt 200 bytes\n",
-           "Draft: the target's first 2 layers (early exit)\n", table(HEADER, sweep(target, early_exit(target, 2), prose, n,
-                                                                               ks, a.repeats)),
-           "\nDraft: prompt lookup (n-gram, no model)\n", table(HEADER, sweep(target, "ngram", prose, n, ks, a.repeats)),
-           "\n## 2. Prompt lookup on a repetitive text (prompt 200 bytes)\n",
-           table(HEADER, sweep(target, "ngram", rep, n, ks, a.repeats)),
-           "\n## 3. What a verify step costs: one forward of k + 1 tokens / one forward of 1 token (cached, after 200)\n"]
-    gpt2 = Transformer(__import__("kvref").ModelConfig.preset("gpt2")).eval()
-    rows = [["trained tiny (0.8 M)"] + verify_cost(target, 200, ks, a.repeats * 3),
-            ["GPT-2-124M shape (random)"] + verify_cost(gpt2, 200, ks, a.repeats * 3)]
-    out.append(table(["model"] + [f"k = {k}" for k in ks] + ["1 token"], rows))
-    if not a.skip_hf:
+    out = [f"# Speculative decoding, {n} new tokens, 1 thread, {a.repeats} interleaved repeats\n"]
+    if "1" in a.sections:
+        out += [f"## 1. Trained tiny model ({sum(p.numel() for p in target.parameters()) / 1e6:.2f} M parameters, "
+                "4 layers), held-out prose, prompt 200 bytes\n", "Draft: the target's first 2 layers (early exit)\n",
+                table(HEADER, sweep(target, early_exit(target, 2), prose, n, ks, a.repeats)),
+                "\nDraft: prompt lookup (n-gram, no model)\n", table(HEADER, sweep(target, "ngram", prose, n, ks, a.repeats))]
+    if "2" in a.sections:
+        out += ["\n## 2. Prompt lookup on a repetitive text (prompt 200 bytes)\n",
+                table(HEADER, sweep(target, "ngram", rep, n, ks, a.repeats))]
+    if "3" in a.sections:
+        out.append("\n## 3. What a verify step costs: one forward of k + 1 tokens / one forward of 1 token "
+                   "(cached, after 200)\n")
+        gpt2 = Transformer(ModelConfig.preset("gpt2")).eval()
+        rows = [["trained tiny (0.8 M)"] + verify_cost(target, 200, ks, a.repeats * 10),
+                ["GPT-2-124M shape (random)"] + verify_cost(gpt2, 200, ks, a.repeats * 10)]
+        out.append(table(["model"] + [f"k = {k}" for k in ks] + ["1 token"], rows))
+    if "4" in a.sections:
         out += ["\n## 4. kvref against HF transformers, same weights (tiny random Llama), "
                 f"{n} new tokens\n"] + hf_section(n, a.repeats)
     print("\n".join(out))
