@@ -11,7 +11,8 @@ for decode speed: layout (the linear weights' memory order, timed), compiled (a 
 split-K attention, for reading), paged_inplace (paged decode attention in place with FlexAttention);
 for chapter 10's models whose layers differ: kinds (the layer kinds), planner (bytes per layer),
 layers (the per-layer model path and LayeredCache), mla (latent attention), hf_families (Qwen3,
-Gemma 3, DeepSeek-V3 for load_hf), select (top-k selection over a full cache).
+Gemma 3, DeepSeek-V3 for load_hf), select (top-k selection over a full cache); speculative (a draft
+guesses, the target verifies in one forward, every cache rolls back with ``crop``).
 """
 
 from .cache import CropError, DynamicCache, KVCache, StaticCache

@@ -145,6 +145,10 @@ class DynamicCache(KVCache):
         super().__init__()
         self.k: list[torch.Tensor] = []  # per layer (B, H_kv, S, D)
         self.v: list[torch.Tensor] = []
+        # A model whose layers differ (sliding, latent, shared: kvref.layers) stores its rows in a LayeredCache
+        # that kvref.layers creates here on first use (static=False, rings that never overwrite), as HF's
+        # DynamicCache serves such models too; this cache then reports that one's length, bytes and rollback.
+        self.inner: KVCache | None = None
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if layer == len(self.k):  # first time this layer is seen
@@ -159,6 +163,18 @@ class DynamicCache(KVCache):
         super().reset()
         self.k, self.v = [], []
         self.spec = None  # a dynamic cache can serve a new batch size after reset
+        self.inner = None
+
+    def sync(self) -> None:
+        """Report the inner LayeredCache's bookkeeping as this cache's own."""
+        i = self.inner
+        self.length, self.seen, self.real, self.next_pos, self.padded = i.length, i.seen, i.real, i.next_pos, i.padded
+
+    def crop(self, length: int) -> None:
+        if self.inner is None or length == 0:
+            return super().crop(length)
+        self.inner.crop(length)
+        self.sync()
 
     def _crop_storage(self, length: int, drop: int) -> None:
         keep = self.length - drop
@@ -167,6 +183,8 @@ class DynamicCache(KVCache):
 
     @property
     def nbytes(self) -> int:
+        if self.inner is not None:
+            return self.inner.nbytes
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 

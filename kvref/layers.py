@@ -161,10 +161,19 @@ def forward_layered(model, input_ids: torch.Tensor, cache: KVCache | None, atten
     B, T = input_ids.shape
     dev = input_ids.device
     groups = sorted({group_of(cfg, i) for i in range(cfg.n_layers)})
+    mixed = groups != ["full"] or "shared" in {layer_kind(cfg, i) for i in range(cfg.n_layers)}
+    outer = None
+    if type(cache) is DynamicCache and mixed:  # a plain DynamicCache serves mixed kinds through a LayeredCache
+        if cache.inner is None:
+            if cache.length:
+                raise ValueError("this DynamicCache holds another model's rows; reset() it first")
+            cache.inner = LayeredCache(cfg, B, cfg.max_seq_len, dtype=model.dtype, device=model.device, static=False,
+                                       slack=cfg.max_seq_len)  # rings that keep every row: crop anywhere
+        outer, cache = cache, cache.inner
     layered_cache = isinstance(cache, LayeredCache)
     seen = 0
     if cache is not None:
-        if not layered_cache and (groups != ["full"] or "shared" in {layer_kind(cfg, i) for i in range(cfg.n_layers)}):
+        if not layered_cache and mixed:
             raise ValueError(f"this model has layers of kinds {sorted(set(cfg.layer_types))}: use "
                              f"kvref.LayeredCache(cfg, batch, max_len), or generate(..., cache='static' or 'dynamic')")
         if cache.reads_in_place:
@@ -203,6 +212,8 @@ def forward_layered(model, input_ids: torch.Tensor, cache: KVCache | None, atten
         x = block(x, ropes, masks, cache, kv)
     if cache is not None:
         cache.advance(real if real is not None else torch.ones(B, T, dtype=torch.bool, device=dev))
+    if outer is not None:
+        outer.sync()
     model.kv_rows += B * T
     if last_only:
         x = x[:, -1:]

@@ -187,3 +187,16 @@ def test_h2o_refuses_rollback():
     with pytest.raises(CropError, match="cannot roll back"):
         cache.crop(10)
     assert cache.seen == 12 and cache.length == 8
+
+
+def test_plain_dynamic_cache_serves_mixed_layer_kinds():
+    """kvref.DynamicCache() on a model with latent, sliding, full and shared layers (HF's DynamicCache does too):
+    generation equals the LayeredCache's, and crop then re-feed equals a fresh cache."""
+    model = layered_model()
+    want = kvref.generate(model, IDS[:1, :8], 12, cache="dynamic").tokens
+    cache = kvref.DynamicCache()
+    assert torch.equal(kvref.generate(model, IDS[:1, :8], 12, cache=cache).tokens, want)
+    assert cache.length == 8 + 12 - 1 and cache.nbytes == cache.inner.nbytes > 0
+    got, want, a, b = crop_then_refeed(model, kvref.DynamicCache, keep=13)  # the sliding window is 5: 5 dropped
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert a.length == b.length == 20 and a.seen == 20
