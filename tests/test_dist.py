@@ -109,6 +109,16 @@ def test_tp_world_size_that_cannot_split_is_refused_before_starting(llama):
         run_tp(path, IDS, 2, world_size=3)
 
 
+def test_bad_requests_are_refused_before_any_process_starts(llama):
+    path, _ = llama
+    with pytest.raises(ValueError, match=r"token id 300 is outside the vocabulary \[0, 255\]"):
+        run_tp(path, torch.tensor([[1, 300]]), 2, world_size=2)
+    with pytest.raises(ValueError, match="exceeds max_seq_len = 64"):
+        run_disaggregated(path, IDS, 64 - IDS.shape[1] + 1)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+        run_disaggregated(path, IDS, 0)
+
+
 def test_tp_under_torchrun(llama):
     path, hf = llama
     ids = ",".join(str(t) for t in IDS[0].tolist())
@@ -240,3 +250,50 @@ def test_planner_per_rank_bytes_replication_and_mla():
     odd = kvref.ModelConfig(arch="llama", n_layers=2, n_heads=12, n_kv_heads=4, d_model=768, vocab_size=256)
     with pytest.raises(ValueError, match="must divide H_kv=4 or be a multiple"):
         per_rank_kv_bytes(odd, 6, 1, S)  # 6 divides H = 12 but neither divides nor is a multiple of 4
+
+
+# -- the host tier under the prefix cache -------------------------------------------------------------
+@torch.inference_mode()
+def test_host_tier_brings_evicted_prefix_blocks_back(tmp_path):
+    from kvref.dist.tier import add_host_tier
+    from kvref.paged import PagedKVCache
+
+    cfg = kvref.ModelConfig(arch="llama", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, vocab_size=256,
+                            max_seq_len=96)
+    torch.manual_seed(0)
+    model = kvref.Transformer(cfg).eval()
+    gen = torch.Generator().manual_seed(0)
+    talk = torch.randint(0, 256, (26,), generator=gen).tolist()  # 6 full blocks of 4 before its last token
+    others = [torch.randint(0, 256, (33,), generator=gen).tolist() for _ in range(2)]
+
+    def serve(cache, sid, prompt):
+        cached = cache.add_sequence(sid, prompt)
+        cache.begin([sid], [len(prompt) - cached], [prompt[cached:]])
+        logits = model(torch.tensor([prompt[cached:]]), cache=cache)[0]
+        cache.free_sequence(sid)
+        return cached, logits
+
+    def history(cache):
+        serve(cache, "talk", talk)
+        for i, p in enumerate(others):  # 9 blocks each: the pool of 12 must evict every block of the talk
+            serve(cache, f"other{i}", p)
+        return serve(cache, "back", talk + [5, 6, 7])
+
+    plain = PagedKVCache(cfg, num_blocks=12, block_size=4, prefix_caching=True)
+    assert history(plain)[0] == 0  # evicted and gone: the returning talk is recomputed
+    tiered = PagedKVCache(cfg, num_blocks=12, block_size=4, prefix_caching=True)
+    pool = add_host_tier(tiered, capacity_blocks=64)
+    cached, logits = history(tiered)
+    assert cached == 24 and pool.tier_hits == 6  # all six full blocks of the talk came back from the tier
+    assert pool.offloads >= 6
+    ref = model(torch.tensor([talk + [5, 6, 7]]))[0, 24:]  # no cache at all
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)  # fp32: the restored K/V are the same numbers
+    with pytest.raises(ValueError, match="empty cache"):
+        add_host_tier(tiered, capacity_blocks=4)
+    # A host tier of 2 blocks over a disk tier: the talk's blocks come back from both, the same numbers.
+    two = PagedKVCache(cfg, num_blocks=12, block_size=4, prefix_caching=True)
+    small = add_host_tier(two, capacity_blocks=2, disk_dir=tmp_path / "disk")
+    cached, logits = history(two)
+    assert cached == 24 and small.disk_hits >= 1 and small.tier_hits == 6  # tier_hits counts both tiers
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
+    assert len(small.tier) <= 2 and len(list((tmp_path / "disk").iterdir())) == len(small.on_disk)

@@ -5,7 +5,9 @@
    unpacked into a cache); interleaved repeats, medians, the ratio, and the break-even length;
 2. tensor parallelism on a tiny HF Llama (H=4, H_kv=2): greedy tokens at W = 1, 2, 4 against one process,
    each rank's measured cache against the planner (W = 4 > H_kv: K/V heads replicated);
-3. the planner for real shapes: cache per GPU against the world size (bf16, one 32K-token sequence).
+3. the planner for real shapes: cache per GPU against the world size (bf16, one 32K-token sequence);
+4. the host tier: time to first token of a returning conversation whose prefix blocks were evicted from the
+   paged pool (recompute), brought back from the host tier (tier hit), or never evicted (pool hit).
 
 Loopback gloo on one machine is not a datacentre link: the chapter sets a real GPU's prefill rate against
 a real link's bandwidth, with sources, next to these numbers.
@@ -28,7 +30,7 @@ from ..model import Transformer
 from ..planner import per_rank_kv_bytes
 from ..dist.launch import launch
 from ..dist.transfer import GlooConnector, install, pack
-from .timing import med, table
+from .timing import interleave, med, table
 
 # A small Llama (about 30M parameters): big enough that a prefill costs real work on one core.
 BENCH_CFG = ModelConfig(arch="llama", n_layers=8, n_heads=8, n_kv_heads=2, d_model=512, vocab_size=4096,
@@ -140,6 +142,57 @@ def planner_table(presets: tuple[str, ...] = ("llama-3-8b", "qwen2.5-7b", "deeps
     return table(["preset", "H", "H_kv", *[f"W={W} (GiB per rank)" for W in worlds]], rows)
 
 
+TIER_CFG = ModelConfig(arch="llama", n_layers=4, n_heads=8, n_kv_heads=2, d_model=256, vocab_size=4096,
+                       max_seq_len=1024)
+
+
+@torch.inference_mode()
+def tier_table(repeats: int, talk_len: int = 256, block_size: int = 16) -> str:
+    """TTFT of a conversation that returns (its 256 tokens + a 16-token question) after other traffic."""
+    from ..dist.tier import add_host_tier
+    from ..paged import PagedKVCache
+
+    torch.manual_seed(0)
+    model = Transformer(TIER_CFG).eval()
+    gen = torch.Generator().manual_seed(0)
+    talk = torch.randint(0, TIER_CFG.vocab_size, (talk_len,), generator=gen).tolist()
+    question = torch.randint(0, TIER_CFG.vocab_size, (16,), generator=gen).tolist()
+    others = [torch.randint(0, TIER_CFG.vocab_size, (talk_len,), generator=gen).tolist() for _ in range(2)]
+    small = 2 * talk_len // block_size  # room for the traffic, not for the talk as well: all of it is evicted
+
+    def serve(cache, sid, prompt):
+        t0 = time.perf_counter()
+        cached = cache.add_sequence(sid, prompt)
+        cache.begin([sid], [len(prompt) - cached], [prompt[cached:]])
+        model(torch.tensor([prompt[cached:]]), cache=cache, last_only=True)
+        dt = time.perf_counter() - t0
+        cache.free_sequence(sid)
+        return cached, dt
+
+    def returning(kind: str):
+        def run() -> float:
+            blocks = 4 * small if kind == "pool hit" else small
+            cache = PagedKVCache(TIER_CFG, num_blocks=blocks, block_size=block_size, prefix_caching=True)
+            if kind == "tier hit":
+                add_host_tier(cache, capacity_blocks=4 * small)
+            serve(cache, "talk", talk)
+            for i, p in enumerate(others):
+                serve(cache, f"other{i}", p)
+            cached, dt = serve(cache, "back", talk + question)
+            found[kind] = cached
+            return dt
+        return run
+
+    found: dict[str, int] = {}
+    kinds = ("recompute", "tier hit", "pool hit")
+    times = interleave({k: returning(k) for k in kinds}, repeats)
+    base = med(times["recompute"])
+    rows = [[k, found[k], talk_len + 16 - found[k], f"{1e3 * med(times[k]):.1f} ms", f"{base / med(times[k]):.1f}x"]
+            for k in kinds]
+    return table(["returning conversation", "prompt tokens found", "tokens prefilled", "time to first token",
+                  "speed-up vs recompute"], rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m kvref.bench dist", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=7, help="interleaved repeats of each length")
@@ -160,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     print(tp_table())
     print("\n### Planner: cache per GPU against the world size (bf16, one 32K-token sequence)\n")
     print(planner_table())
+    print(f"\n### Host tier: a returning conversation (model: {TIER_CFG.n_layers} layers, d_model {TIER_CFG.d_model}, "
+          f"fp32, blocks of 16, one process; medians of {a.repeats} interleaved repeats)\n")
+    print(tier_table(a.repeats))
 
 
 if __name__ == "__main__":

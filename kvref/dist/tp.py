@@ -163,12 +163,8 @@ def tp_worker(rank: int, world_size: int, model_dir: str, ids: list[list[int]], 
             "kv_heads": list(rank_heads(cfg, rank, world_size)[1])}
 
 
-def run_tp(model_dir: str, input_ids: torch.Tensor, max_new_tokens: int, world_size: int,
-           port: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> TPResult:
-    """Generate greedily with the model in ``model_dir`` split over ``world_size`` gloo processes.
-
-    Checks the split before starting anything (TPConfigError); a rank that fails or a collective that
-    waits past ``timeout_s`` gives PeerFailed (kvref.dist.launch)."""
+def read_config(model_dir: str) -> ModelConfig:
+    """The kvref config of a Hugging Face model folder (read in the parent, before any process starts)."""
     import json
     from pathlib import Path
 
@@ -177,9 +173,33 @@ def run_tp(model_dir: str, input_ids: torch.Tensor, max_new_tokens: int, world_s
     cfg_file = Path(model_dir) / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json; expected a Hugging Face model folder")
-    check_split(config_from_hf(json.loads(cfg_file.read_text())), world_size)
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError("input_ids must be a (B, T) integer tensor")
+    return config_from_hf(json.loads(cfg_file.read_text()))
+
+
+def check_request(cfg: ModelConfig, input_ids: torch.Tensor, max_new_tokens: int) -> None:
+    """ValueError for a request no rank could serve, before any process starts."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (
+            torch.long, torch.int32) or input_ids.numel() == 0:
+        raise ValueError("input_ids must be a non-empty (B, T) integer tensor")
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= cfg.vocab_size:
+        raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {cfg.vocab_size - 1}]")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+    if input_ids.shape[1] + max_new_tokens > cfg.max_seq_len:
+        raise ValueError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                         f"max_seq_len = {cfg.max_seq_len}")
+
+
+def run_tp(model_dir: str, input_ids: torch.Tensor, max_new_tokens: int, world_size: int,
+           port: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> TPResult:
+    """Generate greedily with the model in ``model_dir`` split over ``world_size`` gloo processes.
+
+    Checks the split before starting anything (TPConfigError); a rank that fails or a collective that
+    waits past ``timeout_s`` gives PeerFailed (kvref.dist.launch)."""
+    cfg = read_config(model_dir)
+    check_split(cfg, world_size)
+    check_request(cfg, input_ids, max_new_tokens)
     outs = launch(tp_worker, world_size, (str(model_dir), input_ids.tolist(), max_new_tokens), port=port,
                   timeout_s=timeout_s)
     if any(o["tokens"] != outs[0]["tokens"] for o in outs):

@@ -267,10 +267,9 @@ def run_disaggregated(model_dir: str, input_ids: torch.Tensor, max_new_tokens: i
 
     if connector not in ("gloo", "file"):
         raise ValueError(f"connector must be 'gloo' or 'file'; got {connector!r}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError("input_ids must be a (B, T) integer tensor")
+    from .tp import check_request, read_config
+
+    check_request(read_config(model_dir), input_ids, max_new_tokens)
     with tempfile.TemporaryDirectory() as tmp:
         file = str(path or Path(tmp) / "kv_message.safetensors") if connector == "file" else None
         dirs = (str(model_dir), str(decode_model_dir or model_dir))
