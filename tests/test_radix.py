@@ -132,3 +132,10 @@ def test_bad_prefix_caching_mode_is_refused(model):
     for bad in ("lru", "Radix", 1, None):
         with pytest.raises(ValueError, match=r"prefix_caching must be one of \(False, True, 'hash', 'radix'\)"):
             Engine(model, num_blocks=8, block_size=4, prefix_caching=bad)
+
+
+def test_a_model_the_engine_cannot_page_is_refused():
+    cfg = kvref.ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, vocab_size=256, max_seq_len=96,
+                            sliding_window=8)
+    with pytest.raises(ValueError, match="does not implement sliding-window attention"):
+        Engine(kvref.Transformer(cfg).eval(), num_blocks=8, block_size=4, prefix_caching="radix")

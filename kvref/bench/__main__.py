@@ -11,7 +11,8 @@ import sys
 
 BENCHMARKS = {
     "core": "cache vs no cache, kvref vs HF transformers, bandwidth roofline, torch.compile",
-    "serving": "paged vs contiguous KV memory, prefix caching, block-table decode speed",
+    "serving": "paged vs contiguous KV memory, prefix caching, block-table decode speed (then the engine's tables)",
+    "engine": "the Engine (static, continuous, hash, radix) vs HF generate; throughput and latency against load",
     "quality": "what quantised and evicting caches cost in output quality",
     "decode": "compiled decode, roofline, kvref vs HF by batch, paged attention in place (FlexAttention)",
     "gpu": "the GPU check: CUDA tests, decode benchmark on CUDA, one markdown report",

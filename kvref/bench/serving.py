@@ -213,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.plot:
         plot(args.plot, paged, contig, off, on)
         print(f"\nfigure: {args.plot}")
+    from . import engine  # chapter 11: the engine against HF generate, and under rising load
+
+    engine.main((["--quick"] if args.quick else []) + ["--seed", str(args.seed), "--threads", str(args.threads)])
 
 
 if __name__ == "__main__":
