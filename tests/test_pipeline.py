@@ -247,7 +247,7 @@ def test_source_is_well_formed(stem):
 
 def test_cell_timeout_is_explicit():
     # nbgrader's default (30 s) is below the limits the notebooks use; the config must set it.
-    text = (ROOT / "autograder" / "nbgrader_config.py").read_text()
+    text = (ROOT / "autograder" / "shared" / "nbgrader_config.py").read_text()
     assert re.search(r"^c\.Execute\.timeout = \d+", text, re.M)
     assert cell_timeout() >= 120
 

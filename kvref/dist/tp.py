@@ -23,6 +23,7 @@ Also runnable as ``torchrun --nproc-per-node 2 -m kvref.dist.tp --model DIR --id
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -217,9 +218,12 @@ def main() -> None:
     rank, world = init_from_env()
     try:
         out = tp_worker(rank, world, a.model, [[int(t) for t in a.ids.split(",")]], a.new)
-        if rank == 0:
-            print("tokens", out["tokens"][0])
-        print(f"rank {rank}: K/V heads {out['kv_heads']}, cache {out['cache_bytes']} bytes", flush=True)
+        # One write per line: the ranks share one stdout, and a line written in pieces interleaves with the others'.
+        lines = [f"tokens {out['tokens'][0]}\n"] if rank == 0 else []
+        lines.append(f"rank {rank}: K/V heads {out['kv_heads']}, cache {out['cache_bytes']} bytes\n")
+        for line in lines:
+            sys.stdout.write(line)
+            sys.stdout.flush()
     finally:
         dist.destroy_process_group()
 
