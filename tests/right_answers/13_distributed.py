@@ -11,13 +11,13 @@ RIGHT = {
          "return n_kv_heads // world_size or 1"),
         ("rank_cache_bytes",
          "    total = 0\n"
-         "    for kind in kinds:\n"
-         "        if kind == \"full\":\n"
+         "    for layer_type in kinds:\n"
+         "        if layer_type == \"full\":\n"
          "            total += 2 * batch * seq_len * h * D * e  # K and V of the rank's heads\n"
-         "        elif kind == \"latent\":\n"
+         "        elif layer_type == \"latent\":\n"
          "            total += batch * seq_len * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * e  # whole on every rank\n"
          "        else:\n"
-         "            raise ValueError(f\"layer kind {kind!r} is not planned here (only full and latent)\")\n"
+         "            raise ValueError(f\"layer kind {layer_type!r} is not planned here (only full and latent)\")\n"
          "    return total",
          "    per_token = 0\n"
          "    for kind in kinds:\n"
