@@ -52,7 +52,8 @@ class PagedKVCache(KVCache):
                  device: torch.device | str | None = None, prefix_caching: bool = False) -> None:
         super().__init__()
         if cfg.sliding_window is not None:
-            raise ValueError("PagedKVCache does not implement sliding-window attention; use a model without it")
+            raise ValueError("PagedKVCache does not implement sliding-window attention; "
+                             "kvref.paged_hybrid.PagedHybridCache does (kvref.serve.Engine uses it for such models)")
         if prefix_caching:
             self.pool: BlockPool = PrefixCachingPool(num_blocks, block_size)
         else:

@@ -41,6 +41,7 @@ import torch
 from .load import metrics, poisson_arrivals  # noqa: F401  (importable from here: kvref.serve.metrics)
 from .model import Transformer
 from .paged import PagedKVCache
+from .paged_hybrid import PagedHybridCache, needs_groups
 from .radix import RadixCachingPool
 
 
@@ -137,10 +138,14 @@ class Engine:
         self.model, self.budget, self.max_running, self.clock = model, token_budget, max_running, clock
         self.batching, self.prefix_caching = batching, prefix_caching
         self.schedule_fn, self.finish_fn = schedule or default_schedule, finish or default_finish
-        self.cache = PagedKVCache(model.cfg, num_blocks, block_size, dtype=model.dtype, device=model.device,
-                                  prefix_caching=prefix_caching in (True, "hash"))
-        if prefix_caching == "radix":  # the cache only talks to its pool: swap in the tree-backed one
-            self.cache.pool = RadixCachingPool(num_blocks, block_size)
+        if needs_groups(model.cfg):  # sliding, latent or mixed layers: one block table per group of layers
+            self.cache = PagedHybridCache(model.cfg, num_blocks, block_size, dtype=model.dtype, device=model.device,
+                                          prefix_caching=prefix_caching)
+        else:
+            self.cache = PagedKVCache(model.cfg, num_blocks, block_size, dtype=model.dtype, device=model.device,
+                                      prefix_caching=prefix_caching in (True, "hash"))
+            if prefix_caching == "radix":  # the cache only talks to its pool: swap in the tree-backed one
+                self.cache.pool = RadixCachingPool(num_blocks, block_size)
         self.states: dict[Hashable, RequestState] = {}
         self.pending: list[RequestState] = []  # not arrived yet
         self.waiting: deque[RequestState] = deque()
@@ -163,6 +168,8 @@ class Engine:
             raise ValueError(f"request {req.rid!r}: prompt ({len(req.prompt)}) + max_new_tokens ({req.max_new_tokens}) "
                              f"= {total} exceeds max_seq_len={cfg.max_seq_len}")
         blocks = -(-(total - 1) // pool.block_size)  # the last new token is never fed back, so never stored
+        if isinstance(self.cache, PagedHybridCache):  # a block table per group of layers
+            blocks = self.cache.max_blocks(total - 1)
         if blocks > pool.num_blocks:
             raise ValueError(f"request {req.rid!r} needs up to {blocks} blocks of {pool.block_size} tokens but the "
                              f"whole pool has {pool.num_blocks}: it could never run; shorten it or grow the pool")
@@ -196,7 +203,11 @@ class Engine:
         plan, preempted = self._schedule()
         fed = [Fed(s.req.rid, n, "decode" if n == 1 and s.output and s.computed == len(s.tokens) - 1 else "prefill")
                for s, n in plan]  # before the forwards move s.computed on
-        for rows in ([p for p in plan if p[1] == 1], [p for p in plan if p[1] > 1]):  # decodes, then prefills
+        decodes, prefills = [p for p in plan if p[1] == 1], [p for p in plan if p[1] > 1]
+        batches = [decodes, prefills]  # decodes, then prefills
+        if getattr(self.cache, "windowed", False):  # a window mask counts slot distances: no ragged rows there
+            batches = [decodes] + [[p for p in prefills if p[1] == n] for n in sorted({n for _, n in prefills})]
+        for rows in batches:
             if rows:
                 self._forward(rows)
         stats = StepStats(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -135,7 +136,11 @@ def test_bad_prefix_caching_mode_is_refused(model):
 
 
 def test_a_model_the_engine_cannot_page_is_refused():
+    # sliding-window layers are paged now (tests/test_serve_hybrid.py); a kind with a fixed-size state is not
     cfg = kvref.ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, vocab_size=256, max_seq_len=96,
-                            sliding_window=8)
-    with pytest.raises(ValueError, match="does not implement sliding-window attention"):
-        Engine(kvref.Transformer(cfg).eval(), num_blocks=8, block_size=4, prefix_caching="radix")
+                            layer_types=("sliding", "linear"), sliding_window=8, linear_num_key_heads=2,
+                            linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                            linear_conv_kernel_dim=4)
+    fake = SimpleNamespace(cfg=cfg, dtype=torch.float32, device=torch.device("cpu"))  # kvref cannot build it
+    with pytest.raises(ValueError, match=r"layer_types\[1\] = 'linear': the paged engine cannot page this kind"):
+        Engine(fake, num_blocks=8, block_size=4, prefix_caching="radix")
