@@ -76,8 +76,11 @@ class PagedKVCache(KVCache):
         """
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id!r} already exists; free it first")
-        table, hashes = self.pool.match(list(prompt)) if prompt else ([], [])
-        n = len(table) * self.block_size
+        if prompt and hasattr(self.pool, "match_tokens"):  # a radix pool with pages smaller than blocks may
+            table, hashes, n = self.pool.match_tokens(list(prompt))  # share a partly filled last block
+        else:
+            table, hashes = self.pool.match(list(prompt)) if prompt else ([], [])
+            n = len(table) * self.block_size
         self.seqs[seq_id] = Sequence(table, n, n, None, [] if prompt is None else list(prompt[:n]), hashes)
         return n
 
@@ -108,8 +111,13 @@ class PagedKVCache(KVCache):
         """Blocks the pool must supply for ``n_new`` more tokens (new blocks + a copy on write)."""
         seq, bs = self.seqs[seq_id], self.block_size
         grow = max(0, -(-(seq.length + n_new) // bs) - len(seq.table))  # blocks of a failed step are reused
-        cow = n_new > 0 and seq.length % bs != 0 and self.pool.refs[seq.table[-1]] > 1
+        cow = n_new > 0 and seq.length % bs != 0 and self._pinned(seq.table[-1])
         return grow + cow
+
+    def _pinned(self, block: int) -> bool:
+        """Is ``block`` read by someone else (another holder; a radix pool: its tree)? Then writes copy it."""
+        pinned = getattr(self.pool, "pinned", None)
+        return pinned(block) if pinned is not None else self.pool.refs[block] > 1
 
     def begin(self, seq_ids: list[Hashable], n_new: list[int] | int, token_ids: list[list[int]] | None = None) -> None:
         """Declare the next forward: row b continues ``seq_ids[b]`` by ``n_new[b]`` tokens.
@@ -140,7 +148,7 @@ class PagedKVCache(KVCache):
 
     def _grow(self, seq: Sequence, n_new: int) -> None:
         bs = self.block_size
-        if seq.length % bs and self.pool.refs[seq.table[-1]] > 1:  # copy on write
+        if seq.length % bs and self._pinned(seq.table[-1]):  # copy on write
             old, new = seq.table[-1], self.pool.allocate(1)[0]
             self.k[:, :, new * bs:(new + 1) * bs] = self.k[:, :, old * bs:(old + 1) * bs]
             self.v[:, :, new * bs:(new + 1) * bs] = self.v[:, :, old * bs:(old + 1) * bs]

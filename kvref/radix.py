@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Hashable
 
-from .pool import BlockPool
+from .pool import BlockPool, CacheFull
 
 
 class Node:
@@ -178,55 +178,114 @@ class RadixTree:
 
 
 class RadixCachingPool(BlockPool):
-    """A BlockPool whose full blocks are cached in a RadixTree (pages = blocks; a slot = block * bs + offset).
+    """A BlockPool whose full blocks are cached in a RadixTree (a slot = block * bs + offset).
 
     The tree owns the blocks it holds: a cached block nobody uses is not on the free list but
     *evictable*, taken back (least recently used unlocked leaf first) only when no truly free block
     is left. A sequence's ``hashes`` list (kept by the paged cache) holds, per committed block, the
     deepest tree node of the sequence when that block was committed; the last one is locked until
     ``unlock_sequence`` (the engine calls it when the request finishes or is preempted).
+
+    ``page_size`` (a divisor of ``block_size``; the block size by default) is the tree's page: a
+    match is cut down to whole pages, so it may end inside a block. That last block is then shared
+    partly filled, and the paged cache copies it before writing (copy on write), as SGLang's
+    page_size = 1 shares any prefix. A block leaves the tree only once every slot of it is evicted.
     """
 
-    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16, page_size: int | None = None) -> None:
+        page_size = block_size if page_size is None else page_size
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1 or (
+                isinstance(block_size, int) and block_size % page_size):
+            allowed = [d for d in range(1, block_size + 1) if block_size % d == 0] if isinstance(block_size, int) else []
+            raise ValueError(f"page_size={page_size!r} does not divide block_size={block_size!r}: the radix tree's "
+                             f"pages must tile the cache's blocks; allowed page sizes: {allowed}")
         super().__init__(num_blocks, block_size)
-        self.tree = RadixTree(page_size=block_size)
+        self.tree = RadixTree(page_size=page_size)
         self.in_tree: set[int] = set()
+        self.tree_slots: dict[int, int] = {}  # block -> how many of its slots the tree holds
         self.lookup_tokens = 0  # prompt tokens looked up
         self.hit_tokens = 0  # of those, found in the tree
         self.evictions = 0  # blocks taken back from the tree
 
     @property
+    def page_size(self) -> int:
+        return self.tree.page_size
+
+    @property
     def num_free(self) -> int:
-        return len(self.free_list) + self.tree.evictable_size // self.block_size
+        if self.page_size == self.block_size:  # every tree node holds whole blocks
+            return len(self.free_list) + self.tree.evictable_size // self.block_size
+        # pages: a block may straddle nodes; it can be freed once nobody holds it and no locked node has a slot of it
+        locked = {slot // self.block_size for node in self.tree._nodes() if node.lock_ref for slot in node.value}
+        return len(self.free_list) + sum(1 for b in self.in_tree if self.refs[b] == 0 and b not in locked)
 
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
 
+    def pinned(self, block: int) -> bool:
+        """Must a write to ``block`` copy it first? (another holder, or the tree, reads its slots)"""
+        return self.refs[block] > 1 or block in self.in_tree
+
     def _take(self) -> int:
-        if not self.free_list:
-            for slot in self.tree.evict(self.block_size)[::self.block_size]:  # one leaf or more
-                block = slot // self.block_size
-                assert self.refs[block] == 0, "evicted a block somebody holds"
-                self.in_tree.discard(block)
+        bs = self.block_size
+        if self.page_size == bs:
+            if not self.free_list:
+                for slot in self.tree.evict(bs)[::bs]:  # one leaf or more
+                    block = slot // bs
+                    assert self.refs[block] == 0, "evicted a block somebody holds"
+                    self._leave_tree(block, bs)
+            return super()._take()
+        while not self.free_list:
+            freed = self.tree.evict(self.page_size)
+            if not freed:
+                raise CacheFull(1, 0, self.num_blocks, bs)
+            for slot in freed:
+                self._leave_tree(slot // bs, 1)
+        return super()._take()
+
+    def _leave_tree(self, block: int, slots: int) -> None:
+        self.tree_slots[block] -= slots
+        if self.tree_slots[block] == 0:
+            del self.tree_slots[block]
+            self.in_tree.discard(block)
+            if self.refs[block] == 0:
                 self.free_list.append(block)
                 self.evictions += 1
-        return super()._take()
 
     def _release(self, block: int) -> None:
         if block not in self.in_tree:  # a block in the tree stays there, evictable once unlocked
             self.free_list.append(block)
 
     def match(self, tokens: list[int]) -> tuple[list[int], list]:
-        bs = self.block_size
-        slots, node = self.tree.match(tokens[:(len(tokens) - 1) // bs * bs])  # never the last token's block
-        blocks = slots[::bs] and [s // bs for s in slots[::bs]]
+        blocks, hashes, _ = self.match_tokens(tokens)
+        return blocks, hashes
+
+    def match_tokens(self, tokens: list[int]) -> tuple[list[int], list, int]:
+        """Cached blocks of the longest prefix (whole pages, never the last token), their nodes, and how many
+        tokens they hold: with pages smaller than blocks the last block may be shared partly filled."""
+        bs, p = self.block_size, self.page_size
+        slots, node = self.tree.match(tokens[:(len(tokens) - 1) // p * p])
+        if p == bs:
+            blocks, n = [s // bs for s in slots[::bs]], len(slots)
+        else:  # a block's slots may come from several requests' blocks: use only runs of one block
+            blocks, n = [], 0
+            while n < len(slots):
+                b, k = slots[n] // bs, 0
+                while k < bs and n + k < len(slots) and slots[n + k] == slots[n] + k:
+                    k += 1
+                if slots[n] % bs:  # never happens (block starts are page starts); stop rather than misread
+                    break
+                blocks.append(b)
+                n += k
+                if k < bs:
+                    break
         for b in blocks:
             self.refs[b] += 1
         self.tree.lock(node)
         self.lookup_tokens += len(tokens)
-        self.hit_tokens += len(slots)
-        return blocks, [node] * len(blocks)
+        self.hit_tokens += n
+        return blocks, [node] * len(blocks), n
 
     def commit(self, table: list[int], tokens: list[int], hashes: list) -> None:
         bs, full = self.block_size, len(tokens) // self.block_size
@@ -234,7 +293,10 @@ class RadixCachingPool(BlockPool):
             return
         slots = [b * bs + i for b in table[:full] for i in range(bs)]
         done = self.tree.insert(tokens[:full * bs], slots)
-        self.in_tree.update(table[done // bs:full])  # the tree took these; the ones before were cached already
+        for slot in slots[done:]:  # the tree took these; the ones before were cached already
+            block = slot // bs
+            self.tree_slots[block] = self.tree_slots.get(block, 0) + 1
+            self.in_tree.add(block)
         _, node = self.tree.match(tokens[:full * bs])
         self.tree.lock(node)
         if hashes:

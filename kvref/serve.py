@@ -26,7 +26,9 @@ The policy is two plain functions, ``default_schedule(engine)`` (rules 1-3: retu
 and how many requests it preempted) and ``default_finish(engine, state)`` (rule 4); pass your own
 with ``Engine(..., schedule=..., finish=...)``. ``prefix_caching`` is ``False``, ``True`` or
 ``"hash"`` (vLLM's chain of block hashes, kvref.prefix) or ``"radix"`` (SGLang's radix tree,
-kvref.radix). ``metrics(states, slo)`` and ``poisson_arrivals`` (kvref.load) judge a run.
+kvref.radix; ``page_size``, a divisor of the block size, sets how finely its matches are cut).
+Models with sliding-window, latent or mixed layers get one block table per group of layers
+(kvref.paged_hybrid). ``metrics(states, slo)`` and ``poisson_arrivals`` (kvref.load) judge a run.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class Engine:
                  max_running: int | None = None, prefix_caching: bool | str = False,
                  clock: Callable[[], float] = time.perf_counter, batching: str = "continuous",
                  schedule: Callable[[Engine], tuple[list[tuple[RequestState, int]], int]] | None = None,
-                 finish: Callable[[Engine, RequestState], None] | None = None) -> None:
+                 finish: Callable[[Engine, RequestState], None] | None = None, page_size: int | None = None) -> None:
         if token_budget < 1 or (max_running is not None and max_running < 1):
             raise ValueError(f"token_budget and max_running must be >= 1; got {token_budget}, {max_running}")
         if batching not in BATCHING:
@@ -135,17 +137,23 @@ class Engine:
         if not any(prefix_caching is m or (isinstance(m, str) and prefix_caching == m) for m in PREFIX_CACHING):
             raise ValueError(f"prefix_caching must be one of {PREFIX_CACHING} (True is the hash chain); "
                              f"got {prefix_caching!r}")
+        if page_size is not None and prefix_caching != "radix":
+            raise ValueError(f"page_size sets the radix tree's page: it needs prefix_caching='radix'; got "
+                             f"prefix_caching={prefix_caching!r}, page_size={page_size!r}")
         self.model, self.budget, self.max_running, self.clock = model, token_budget, max_running, clock
         self.batching, self.prefix_caching = batching, prefix_caching
         self.schedule_fn, self.finish_fn = schedule or default_schedule, finish or default_finish
         if needs_groups(model.cfg):  # sliding, latent or mixed layers: one block table per group of layers
+            if page_size not in (None, block_size):
+                raise ValueError(f"page_size={page_size!r}: on a model with per-layer kinds the radix trees share "
+                                 f"whole blocks only; leave page_size unset or equal to block_size={block_size}")
             self.cache = PagedHybridCache(model.cfg, num_blocks, block_size, dtype=model.dtype, device=model.device,
                                           prefix_caching=prefix_caching)
         else:
             self.cache = PagedKVCache(model.cfg, num_blocks, block_size, dtype=model.dtype, device=model.device,
                                       prefix_caching=prefix_caching in (True, "hash"))
             if prefix_caching == "radix":  # the cache only talks to its pool: swap in the tree-backed one
-                self.cache.pool = RadixCachingPool(num_blocks, block_size)
+                self.cache.pool = RadixCachingPool(num_blocks, block_size, page_size)
         self.states: dict[Hashable, RequestState] = {}
         self.pending: list[RequestState] = []  # not arrived yet
         self.waiting: deque[RequestState] = deque()

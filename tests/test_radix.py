@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kvref
-from kvref.radix import RadixTree
+from kvref.radix import RadixCachingPool, RadixTree
 from kvref.serve import Engine, Request
 
 
@@ -144,3 +144,66 @@ def test_a_model_the_engine_cannot_page_is_refused():
     fake = SimpleNamespace(cfg=cfg, dtype=torch.float32, device=torch.device("cpu"))  # kvref cannot build it
     with pytest.raises(ValueError, match=r"layer_types\[1\] = 'linear': the paged engine cannot page this kind"):
         Engine(fake, num_blocks=8, block_size=4, prefix_caching="radix")
+
+
+# -- the tree's page inside the cache's blocks (Engine(..., prefix_caching="radix", page_size=...)) ------
+def test_a_page_size_that_does_not_divide_the_block_size_is_refused(model):
+    for bad in (3, 8, 0, True, 2.0):
+        with pytest.raises(ValueError, match=rf"page_size={bad!r} does not divide block_size=4: .* allowed page "
+                                             r"sizes: \[1, 2, 4\]"):
+            RadixCachingPool(8, 4, page_size=bad)
+        with pytest.raises(ValueError, match=rf"page_size={bad!r} does not divide block_size=4"):
+            Engine(model, num_blocks=8, block_size=4, prefix_caching="radix", page_size=bad)
+    with pytest.raises(ValueError, match="page_size sets the radix tree's page: it needs prefix_caching='radix'"):
+        Engine(model, num_blocks=8, block_size=4, prefix_caching="hash", page_size=2)
+
+
+@pytest.mark.parametrize("page, hit", [(1, 7), (2, 6), (4, 4)])
+def test_a_match_is_cut_to_the_page_and_a_partial_block_is_copied_on_write(model, page, hit):
+    cache = kvref.PagedKVCache(model.cfg, num_blocks=8, block_size=4)
+    cache.pool = RadixCachingPool(8, 4, page_size=page)
+    a, b = list(range(1, 10)), [1, 2, 3, 4, 5, 6, 7, 50, 51]  # 9 tokens each; they share the first 7
+    with torch.inference_mode():
+        ref = {"a": model(torch.tensor([a + [60]]))[0], "b": model(torch.tensor([b]))[0]}  # uncached
+        assert cache.add_sequence("a", a) == 0
+        cache.begin(["a"], 9, [a])
+        model(torch.tensor([a]), cache=cache)  # blocks 0 and 1 full: the tree holds tokens 1..8
+        # b's last token is never matched; of the 7 shared tokens, the whole pages: 7 (page 1), 6 (2), 4 (4)
+        assert cache.add_sequence("b", b) == hit
+        table_a = list(cache.seqs["a"].table)
+        assert cache.seqs["b"].table == table_a[:-(-hit // 4)]
+        cache.begin(["b"], 9 - hit, [b[hit:]])
+        out_b = model(torch.tensor([b[hit:]]), cache=cache)[0]
+        assert (out_b - ref["b"][hit:]).abs().max() <= 1e-5
+        assert cache.cow_copies == (hit % 4 != 0)  # b wrote into a's block 1 only through a copy
+        cache.begin(["a"], 1, [[60]])  # a's own cached K/V are untouched by b's writes
+        assert (model(torch.tensor([[60]]), cache=cache)[0, -1] - ref["a"][-1]).abs().max() <= 1e-5
+
+
+def test_smaller_pages_find_more_and_give_the_same_tokens(model):
+    rng = random.Random(5)
+    system = [rng.randrange(256) for _ in range(18)]  # 18 shared tokens: 4 whole blocks of 4, then 2
+    reqs = [Request(0, system + [rng.randrange(256) for _ in range(6)], 3)]  # caches 24 tokens, 6 whole blocks
+    reqs += [Request(i, system + [200 + i] + [rng.randrange(256) for _ in range(4)], 5, arrival=6) for i in range(1, 6)]
+    base = {k: s.output for k, s in Engine(model, num_blocks=40, block_size=4, token_budget=16).run(reqs).items()}
+    cached = {}
+    for page in (4, 2, 1):
+        eng = Engine(model, num_blocks=40, block_size=4, token_budget=16, prefix_caching="radix", page_size=page)
+        states = eng.run(reqs)
+        assert {k: s.output for k, s in states.items()} == base, page
+        assert eng.cache.pool.num_free == 40 and not eng.cache.seqs  # nothing leaked
+        cached[page] = sum(s.cached_tokens for s in states.values())
+    # each of the 5 later requests shares 18 tokens with request 0 (its 19th differs): pages of 4 find 16 of
+    # them, pages of 2 and 1 all 18 (the last 2 in a block shared partly filled, then copied on write)
+    assert cached == {4: 5 * 16, 2: 5 * 18, 1: 5 * 18}
+
+
+def test_pages_under_memory_pressure(model):
+    reqs = shared_prefix_trace(10, seed=0, system=18)  # prompts share 18 or 10 tokens: not whole blocks of 4
+    base = {k: s.output for k, s in Engine(model, num_blocks=14, block_size=4, token_budget=16).run(reqs).items()}
+    for page in (1, 2):  # 14 blocks of 4 for 10 prompts of up to 27 tokens: the tree must give pages back
+        eng = Engine(model, num_blocks=14, block_size=4, token_budget=16, prefix_caching="radix", page_size=page)
+        states = eng.run(reqs)
+        assert {k: s.output for k, s in states.items()} == base, page
+        assert eng.cache.pool.evictions > 0 and eng.cache.cow_copies > 0  # pages evicted, partial blocks copied
+        assert eng.cache.pool.num_free == 14 and not eng.cache.seqs
