@@ -17,12 +17,8 @@ all drawn from one block pool. This module does the same:
   full and latent layers, only the last W - 1 held tokens for sliding ones (the mask still applies
   the window to the new tokens).
 
-Prefix caching follows vLLM's hybrid rule: a hit of n blocks needs blocks 0..n-1 of every full
-and latent group, but of a sliding group only the blocks covering the W - 1 tokens before token
-n * block_size (the oldest one the first computed token still sees). ``"hash"`` names blocks by
-the chain hash of kvref.prefix, per group; ``"radix"`` keeps one SGLang radix tree per group
-(kvref.radix), whose matches run from the root, so a sliding tree hits only while it still holds
-the whole path (SGLang's SWARadixCache keeps "tombstone" nodes to do better; not done here).
+Prefix caching (``"hash"`` or ``"radix"``) follows vLLM's hybrid rule, kvref.hybrid_pool: full and
+latent groups need every block of a prefix, a sliding group only those of its last window.
 
 Driven by ``begin`` (kvref.serve.Engine), like PagedKVCache; plain ``generate`` use is refused.
 """
@@ -36,54 +32,11 @@ from typing import Hashable
 import torch
 
 from .cache import CropError
-from .kinds import layer_kind
+from .hybrid_pool import (NEEDS_ALL, PAGEABLE, HybridRadixPool, commit, first_needed, hybrid_hit,  # noqa: F401
+                          layer_groups, match_hash, match_radix, needs_groups)
 from .layers import LayeredCache
 from .pool import BlockPool, CacheFull
-from .prefix import ROOT, PrefixCachingPool, block_hash
-from .radix import RadixTree
-
-PAGEABLE = ("full", "sliding", "latent", "shared")  # kinds the paged engine serves ("shared:j" keeps nothing)
-NEEDS_ALL = ("full", "latent")  # groups whose hit needs every block of the prefix
-
-
-def layer_groups(cfg) -> dict[int, str]:
-    """The group of each layer that keeps a cache (shared layers keep none). A config without
-    layer_types but with a sliding_window (Mistral) windows every layer: all "sliding"."""
-    if cfg.layer_types is None:
-        return {i: "sliding" if cfg.sliding_window is not None else "full" for i in range(cfg.n_layers)}
-    out = {}
-    for i in range(cfg.n_layers):
-        kind = layer_kind(cfg, i)
-        if kind not in PAGEABLE:
-            raise ValueError(f"layer_types[{i}] = {cfg.layer_types[i]!r}: the paged engine cannot page this kind; "
-                             f"it pages {', '.join(PAGEABLE[:-1])} and shared:j layers")
-        if kind != "shared":
-            out[i] = kind
-    return out
-
-
-def needs_groups(cfg) -> bool:
-    """Does this config need PagedHybridCache (some layer is not a plain full layer)?"""
-    return set(layer_groups(cfg).values()) != {"full"}
-
-
-def first_needed(n_blocks: int, window: int, block_size: int) -> int:
-    """The first block a sliding layer still needs once ``n_blocks`` blocks are held: the block of
-    token n_blocks * block_size - window + 1, the oldest one the next token sees."""
-    return max(0, n_blocks * block_size - window + 1) // block_size
-
-
-def hybrid_hit(cached: dict[str, list[bool]], window: int | None, block_size: int) -> int:
-    """Blocks of the longest prefix every group can serve: all of them for "full"/"latent", those of the
-    last window for "sliding" (``cached[g][i]``: is block i of the prompt cached for group g)."""
-    n = min(len(c) for c in cached.values())
-    for g in NEEDS_ALL:
-        if g in cached:
-            n = min(n, cached[g].index(False) if False in cached[g] else len(cached[g]))
-    if "sliding" in cached:
-        while n and not all(cached["sliding"][first_needed(n, window, block_size):n]):
-            n -= 1
-    return n
+from .prefix import PrefixCachingPool
 
 
 @dataclass
@@ -93,41 +46,6 @@ class GroupSequence:
     tokens: list[int] = field(default_factory=list)
     hashes: list = field(default_factory=list)  # "hash": the chain hash of each full block
     nodes: dict = field(default_factory=dict)  # "radix": the tree node each group's path is locked at
-
-
-class HybridRadixPool(BlockPool):
-    """A BlockPool whose full blocks are cached in one RadixTree per group (kvref.radix: pages = blocks)."""
-
-    def __init__(self, num_blocks: int, block_size: int, groups) -> None:
-        super().__init__(num_blocks, block_size)
-        self.trees = {g: RadixTree(page_size=block_size) for g in groups}
-        self.in_tree: set[int] = set()
-        self.lookup_tokens = self.hit_tokens = self.evictions = 0
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free_list) + sum(t.evictable_size for t in self.trees.values()) // self.block_size
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
-
-    def _take(self) -> int:
-        bs = self.block_size
-        for tree in sorted(self.trees.values(), key=lambda t: -t.evictable_size):
-            if self.free_list:
-                break
-            for slot in tree.evict(bs)[::bs]:
-                block = slot // bs
-                assert self.refs[block] == 0, "evicted a block somebody holds"
-                self.in_tree.discard(block)
-                self.free_list.append(block)
-                self.evictions += 1
-        return super()._take()
-
-    def _release(self, block: int) -> None:
-        if block not in self.in_tree:
-            self.free_list.append(block)
 
 
 class PagedHybridCache(LayeredCache):
@@ -158,8 +76,9 @@ class PagedHybridCache(LayeredCache):
         kv = (n_kv, cfg.n_kv_heads, slots, cfg.head_dim)  # (L_kv, H_kv, slots, D): rows shared by both groups
         self.register_buffer("k", torch.zeros(kv, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(kv, dtype=dtype, device=device), persistent=False)
-        lat = (counts.get("latent", 0), slots, (cfg.kv_lora_rank or 0) + (cfg.qk_rope_head_dim or 0))
-        self.register_buffer("lat", torch.zeros(lat, dtype=dtype, device=device), persistent=False)  # (L_lat, slots, r + d_R)
+        width = (cfg.kv_lora_rank or 0) + (cfg.qk_rope_head_dim or 0)
+        lat = (counts.get("latent", 0), slots, width)  # (L_lat, slots, r + d_R)
+        self.register_buffer("lat", torch.zeros(lat, dtype=dtype, device=device), persistent=False)
         self.seqs: dict[Hashable, GroupSequence] = {}
         self.groups = {}  # forward_layered reads the sliding group's view (length, real) here
         self.max_len, self.dtype, self.n_layers = cfg.max_seq_len, dtype, cfg.n_layers
@@ -178,47 +97,11 @@ class PagedHybridCache(LayeredCache):
         seq = GroupSequence({g: [] for g in self.kinds})
         prompt = list(prompt or [])
         if self.mode and prompt:
-            (self._match_hash if self.mode == "hash" else self._match_radix)(seq, prompt)
+            (match_hash if self.mode == "hash" else match_radix)(self, seq, prompt)
             self.pool.lookup_tokens += len(prompt)
             self.pool.hit_tokens += seq.length
         self.seqs[seq_id] = seq
         return seq.length
-
-    def _take_hit(self, seq: GroupSequence, blocks: dict[str, list[int]], n: int) -> None:
-        """Hold the hit's blocks: all n of a full/latent group, the last window's of a sliding one."""
-        first = first_needed(n, self.W, self.block_size) if "sliding" in blocks else 0
-        for g, ids in blocks.items():
-            keep = range(first if g == "sliding" else 0, n)
-            seq.tables[g] = [ids[i] if i in keep else None for i in range(n)]
-            for i in keep:
-                b = ids[i]
-                if self.pool.refs[b] == 0 and self.mode == "hash":
-                    del self.pool.evictable[b]  # back in use
-                self.pool.refs[b] += 1
-        seq.length = n * self.block_size
-
-    def _match_hash(self, seq: GroupSequence, prompt: list[int]) -> None:
-        bs, hashes, parent = self.block_size, [], ROOT
-        for i in range((len(prompt) - 1) // bs):  # full blocks before the last token
-            parent = block_hash(parent, prompt[i * bs:(i + 1) * bs])
-            hashes.append(parent)
-        found = {g: [self.pool.by_hash.get((g, h)) for h in hashes] for g in self.kinds}
-        n = hybrid_hit({g: [b is not None for b in ids] for g, ids in found.items()}, self.W, bs)
-        self._take_hit(seq, found, n)
-        seq.tokens, seq.hashes = prompt[:n * bs], hashes[:n]
-
-    def _match_radix(self, seq: GroupSequence, prompt: list[int]) -> None:
-        bs = self.block_size
-        usable = prompt[:(len(prompt) - 1) // bs * bs]
-        n = min(len(self.pool.trees[g].match(usable)[0]) for g in self.kinds) // bs  # each tree: from the root
-        found = {}
-        for g in self.kinds:
-            slots, node = self.pool.trees[g].match(usable[:n * bs])
-            self.pool.trees[g].lock(node)
-            seq.nodes[g] = node
-            found[g] = [s // bs for s in slots[::bs]]
-        self._take_hit(seq, found, n)
-        seq.tokens = prompt[:n * bs]
 
     def free_sequence(self, seq_id: Hashable) -> None:
         """Give the sequence's blocks back, last first (a radix tree's path is let go of first)."""
@@ -366,43 +249,13 @@ class PagedHybridCache(LayeredCache):
             seq.length += n
             seq.tokens += list(ids)
             if self.mode:
-                self._commit(seq)
+                commit(self, seq)
             if "sliding" in self.kinds:  # blocks no later query can see go back to the pool
                 table = seq.tables["sliding"]
                 for i in range(max(0, seq.length - self.W + 1) // self.block_size):  # wholly before the window
                     if table[i] is not None:
                         self.pool.free(table[i])
                         table[i] = None
-
-    def _commit(self, seq: GroupSequence) -> None:
-        """Name the sequence's newly full blocks in the prefix cache, in every group."""
-        bs, full = self.block_size, seq.length // self.block_size
-        if self.mode == "hash":
-            while len(seq.hashes) < full:
-                i = len(seq.hashes)
-                h = block_hash(seq.hashes[-1] if seq.hashes else ROOT, seq.tokens[i * bs:(i + 1) * bs])
-                seq.hashes.append(h)
-                for g in self.kinds:
-                    b = seq.tables[g][i]
-                    if b is not None and (g, h) not in self.pool.by_hash and b not in self.pool.hash_of:
-                        self.pool.by_hash[(g, h)] = b  # first copy wins, as in kvref.prefix
-                        self.pool.hash_of[b] = (g, h)
-            return
-        done_before = len(seq.hashes)
-        if full <= done_before:
-            return
-        for g in self.kinds:
-            tree, table = self.pool.trees[g], seq.tables[g]
-            slots = [-1 if b is None else b * bs + i for b in table[:full] for i in range(bs)]
-            done = tree.insert(seq.tokens[:full * bs], slots)
-            assert -1 not in slots[done:], "a given-back block would enter the tree"
-            self.pool.in_tree.update(table[done // bs:full])
-            _, node = tree.match(seq.tokens[:full * bs])
-            tree.lock(node)
-            if g in seq.nodes:
-                tree.unlock(seq.nodes[g])
-            seq.nodes[g] = node
-        seq.hashes += [None] * (full - done_before)  # counts the committed blocks
 
     # -- rollback and accounting -----------------------------------------------------------------
     def _check_crop(self, length: int) -> None:

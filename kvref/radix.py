@@ -196,7 +196,8 @@ class RadixCachingPool(BlockPool):
         page_size = block_size if page_size is None else page_size
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1 or (
                 isinstance(block_size, int) and block_size % page_size):
-            allowed = [d for d in range(1, block_size + 1) if block_size % d == 0] if isinstance(block_size, int) else []
+            allowed = [d for d in range(1, block_size + 1) if block_size % d == 0] if isinstance(block_size, int) \
+                else []
             raise ValueError(f"page_size={page_size!r} does not divide block_size={block_size!r}: the radix tree's "
                              f"pages must tile the cache's blocks; allowed page sizes: {allowed}")
         super().__init__(num_blocks, block_size)

@@ -27,6 +27,7 @@ CONFIGS = {
     "mistral": dict(n_layers=2, n_kv_heads=2, sliding_window=6),  # no layer_types: every layer windowed
     "mixed": dict(n_layers=4, n_kv_heads=2, sliding_window=5, layer_types=("latent", "sliding", "full", "shared:1"),
                   kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8),  # every group at once
+    "full+shared": dict(n_layers=2, n_kv_heads=2, layer_types=("full", "shared:0")),  # one group, one layer
 }
 
 
