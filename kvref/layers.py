@@ -7,7 +7,8 @@ path of kvref.model untouched. What changes per layer:
   base), "latent" (kvref.mla), or "shared:j" (only a query projection: keys and values are layer
   j's, from this same forward call);
 * the mask: a sliding layer sees its ``sliding_window`` newest keys, itself included;
-* the cache: ``LayeredCache`` stores each layer as its kind needs (all rows, a ring, latents, nothing).
+* the cache: ``LayeredCache`` stores each layer as its kind needs (all rows, a ring, latents, nothing,
+  or a linear layer's fixed-size state: kvref.linear_attn).
 
 Gemma's body (``arch="gemma"``) also differs: RMSNorm scales by (1 + w), four norms per block (after
 attention and after the MLP too), a GeGLU MLP (tanh GELU) and embeddings multiplied by sqrt(d_model).
