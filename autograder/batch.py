@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
+import json
 import os
 import re
 import shutil
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -44,7 +47,7 @@ import nbformat
 from autograder.shared import notebooks, warm
 from autograder.intake import platforms
 from autograder.record import review
-from autograder.grade.course import Course, cell_timeout, solution_files
+from autograder.grade.course import ROOT, Course, cell_timeout, solution_files
 from autograder.export.gradebook import write_outputs
 from autograder.grade.grading import CANARY, Grader, Progress, Settings, canary_hint, isolation_status
 from autograder.intake.intake import match_files, unzip
@@ -239,11 +242,49 @@ def set_up(cls: Class, sources: dict[str, Path], solutions: Path, settings: Sett
     return Grader(base, work, out, releases, source_nbs, max_points, settings, threads, isolation, force)
 
 
+CANARY_CACHE = "KVREF_CANARY_CACHE"  # a folder for the canary's verdicts; 0/off: grade the canary every run
+
+
+def canary_cache() -> Path | None:
+    """Where passed canaries are remembered across runs (None: nowhere): $KVREF_CANARY_CACHE, else
+    $XDG_CACHE_HOME/kvref-autograder/canary (~/.cache when unset)."""
+    value = os.environ.get(CANARY_CACHE, "")
+    if value.lower() in ("0", "off", "no"):
+        return None
+    if value:
+        return Path(value)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvref-autograder" / "canary"
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A digest of everything besides the solution that decides the canary's score: the course
+    package and the grader (every .py file), the nbgrader settings, the interpreter."""
+    h = hashlib.sha256(f"{sys.executable}\n{VERSION}\n".encode())
+    for folder in ("kvref", "autograder"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def canary_key(grader: Grader, stem: str, source: Path) -> str:
+    """The canary's cache key: the solution, the release, the settings, the isolation, the threads
+    per kernel and ``code_fingerprint``. A changed bit anywhere grades the canary again."""
+    parts = [source.read_bytes(), nbformat.writes(grader.releases[stem]).encode(), grader.settings.key().encode(),
+             grader.isolation.encode(), str(grader.threads).encode(), code_fingerprint().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()
+
+
 def run_canary(grader: Grader, stems: list[str], sources: dict[str, Path], workers: int, say: Say) -> None:
     """The instructor solution of each notebook, graded first with the same settings: Stop(1) naming
-    the setting to blame when it does not get full marks."""
-    checks = []
+    the setting to blame when it does not get full marks. A solution that got full marks under the
+    same key (``canary_key``) in an earlier run is not graded again."""
+    checks, keys, cache, remembered = [], {}, canary_cache(), []
     for stem in stems:
+        keys[stem] = canary_key(grader, stem, sources[stem])
+        if cache is not None and (cache / f"{keys[stem]}.json").is_file():
+            remembered.append(stem)
+            continue
         path = grader.work / "canary" / f"{stem}.ipynb"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(nbformat.writes(notebooks.fill_answers(grader.releases[stem], grader.sources[stem])),
@@ -258,7 +299,17 @@ def run_canary(grader: Grader, stems: list[str], sources: dict[str, Path], worke
             raise Stop(1, f"the instructor solution of {row.notebook} got {row.score:g}/{auto:g} "
                           f"({row.status}: {row.reason[:300]}) with these settings, so no student was graded; "
                           f"likely cause: {canary_hint(row)}. (--no-canary skips this check.)")
-    say("canary: the instructor solution of " + ", ".join(stems) + " gets full marks with these settings")
+    for row in results if cache is not None else []:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = cache / f".{keys[row.notebook]}.{os.getpid()}"
+            tmp.write_text(json.dumps({"notebook": row.notebook, "score": row.score, "when": time.time()}))
+            tmp.replace(cache / f"{keys[row.notebook]}.json")
+        except OSError:
+            pass  # no cache: the next run grades it again
+    say("canary: the instructor solution of " + ", ".join(stems) + " gets full marks with these settings"
+        + (f" ({', '.join(remembered)} remembered from an earlier run with the same solution, code and settings)"
+           if remembered else ""))
 
 
 def plan(cls: Class, mine: list[str], grader: Grader, sources: dict[str, Path]) -> tuple[list[Row], list[tuple]]:
