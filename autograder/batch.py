@@ -259,8 +259,12 @@ def canary_cache() -> Path | None:
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """A digest of everything besides the solution that decides the canary's score: the course
-    package and the grader (every .py file), the nbgrader settings, the interpreter."""
-    h = hashlib.sha256(f"{sys.executable}\n{VERSION}\n".encode())
+    package and the grader (every .py file, the nbgrader settings among them), the interpreter and the
+    versions of nbgrader, nbclient, ipykernel and torch."""
+    from importlib.metadata import version
+
+    pins = " ".join(f"{p}=={version(p)}" for p in ("nbgrader", "nbclient", "ipykernel", "torch"))
+    h = hashlib.sha256(f"{sys.executable}\n{VERSION}\n{pins}\n".encode())
     for folder in ("kvref", "autograder"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
@@ -270,7 +274,8 @@ def code_fingerprint() -> str:
 def canary_key(grader: Grader, stem: str, source: Path) -> str:
     """The canary's cache key: the solution, the release, the settings, the isolation, the threads
     per kernel and ``code_fingerprint``. A changed bit anywhere grades the canary again."""
-    parts = [source.read_bytes(), nbformat.writes(grader.releases[stem]).encode(), grader.settings.key().encode(),
+    release = json.dumps(notebooks.normalized(grader.releases[stem]), sort_keys=True)  # cell ids left out
+    parts = [source.read_bytes(), release.encode(), grader.settings.key().encode(),
              grader.isolation.encode(), str(grader.threads).encode(), code_fingerprint().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()
 
