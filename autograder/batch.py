@@ -229,8 +229,7 @@ def set_up(cls: Class, sources: dict[str, Path], solutions: Path, settings: Sett
     warm.start()  # the warm servers import torch and nbgrader while the course is set up
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         probe = pool.submit(isolation_status, settings, hidden)  # starts a sandboxed Python: also seconds
-        course = Course(base, {s: sources[s] for s in cls.stems})
-        releases = {stem: course.generate(stem) for stem in cls.stems}
+        releases = build_course(base, {s: sources[s] for s in cls.stems})
         isolated, isolation = probe.result()
     source_nbs = {stem: notebooks.read(sources[stem]) for stem in cls.stems}
     max_points = {stem: notebooks.max_points(nb) for stem, nb in source_nbs.items()}
@@ -278,6 +277,40 @@ def canary_key(grader: Grader, stem: str, source: Path) -> str:
     parts = [source.read_bytes(), release.encode(), grader.settings.key().encode(),
              grader.isolation.encode(), str(grader.threads).encode(), code_fingerprint().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()
+
+
+KEPT_COURSES = 4  # course set-ups remembered (the newest); each is a few MB
+
+
+def build_course(base: Path, sources: dict[str, Path]) -> dict[str, nbformat.NotebookNode]:
+    """The course directory in ``base`` (source/, release/ and gradebook.db, by nbgrader's
+    generate_assignment of every chapter); {stem: release}. A set-up made before from the same
+    solutions and code (``code_fingerprint``) is copied from the cache folder's ``courses/``
+    instead of generated again."""
+    cache = canary_cache()
+    h = hashlib.sha256(code_fingerprint().encode())
+    for stem in sorted(sources):
+        h.update(stem.encode() + b"\0" + Path(sources[stem]).read_bytes() + b"\0")
+    kept = cache / "courses" / h.hexdigest()[:32] if cache is not None else None
+    if kept is not None and (kept / "complete").is_file():
+        shutil.copytree(kept, base, ignore=shutil.ignore_patterns("complete"), dirs_exist_ok=True)
+        os.utime(kept)  # recently used: kept longest
+        return {stem: notebooks.read(base / "release" / stem / f"{stem}.ipynb") for stem in sorted(sources)}
+    course = Course(base, sources)
+    releases = {stem: course.generate(stem) for stem in sorted(sources)}
+    if kept is not None:
+        try:
+            tmp = kept.parent / f".{kept.name}.{os.getpid()}"
+            shutil.copytree(base, tmp, ignore=shutil.ignore_patterns("exchange"))
+            (tmp / "complete").write_text("")
+            tmp.rename(kept)
+            old = sorted(kept.parent.iterdir(), key=lambda p: p.stat().st_mtime)[:-KEPT_COURSES]
+            for folder in old:
+                if not folder.name.startswith("."):
+                    shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            shutil.rmtree(kept.parent / f".{kept.name}.{os.getpid()}", ignore_errors=True)  # not remembered
+    return releases
 
 
 def run_canary(grader: Grader, stems: list[str], sources: dict[str, Path], workers: int, say: Say) -> None:

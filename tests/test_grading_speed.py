@@ -136,3 +136,26 @@ def test_stage_times_add_up_to_the_jobs_seconds():
     # nbgrader's own work + kernel start + cells + kernel stop + its database steps = the autograde call (8 s)
     assert t["nbgrader"] + t["kernel_start"] + t["cells"] + t["kernel_stop"] + pre == pytest.approx(8.0)
     assert (t["job_start"], t["setup"]) == (1.0, 1.0)
+
+
+def test_course_set_up_is_remembered(tmp_path, monkeypatch):
+    monkeypatch.setenv(batch.CANARY_CACHE, str(tmp_path / "cache"))
+    source = tmp_path / "src" / f"{STEM}.ipynb"
+    source.parent.mkdir()
+    notebooks.write(notebooks.course_notebook([
+        notebooks.nbgrader_cell("answer", "f", "def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION"),
+        notebooks.nbgrader_cell("test", "test_f", "assert f() == 1", points=2)]), source)
+    first = batch.build_course(tmp_path / "one", {STEM: source})
+    assert "return 1" not in first[STEM].cells[0].source  # nbgrader made the release
+
+    def no_nbgrader(*a, **k):
+        raise AssertionError("generated again")
+
+    monkeypatch.setattr(batch, "Course", no_nbgrader)
+    again = batch.build_course(tmp_path / "two", {STEM: source})
+    assert notebooks.normalized(again[STEM]) == notebooks.normalized(first[STEM])
+    for name in ("gradebook.db", f"release/{STEM}/{STEM}.ipynb", f"source/{STEM}/{STEM}.ipynb"):
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+    source.write_text(source.read_text().replace("return 1", "return 1  # changed"))
+    with pytest.raises(AssertionError, match="generated again"):  # a changed solution is generated again
+        batch.build_course(tmp_path / "three", {STEM: source})
