@@ -17,6 +17,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from autograder import batch
+from autograder.grade import remember
 from autograder.grade import feedback
 from autograder.grade.grading import Grader, Settings
 from autograder.grade.job import DATABASE_STEPS, stage_times
@@ -151,7 +152,7 @@ def test_course_set_up_is_remembered(tmp_path, monkeypatch):
     def no_nbgrader(*a, **k):
         raise AssertionError("generated again")
 
-    monkeypatch.setattr(batch, "Course", no_nbgrader)
+    monkeypatch.setattr(remember, "Course", no_nbgrader)
     again = batch.build_course(tmp_path / "two", {STEM: source})
     assert notebooks.normalized(again[STEM]) == notebooks.normalized(first[STEM])
     for name in ("gradebook.db", f"release/{STEM}/{STEM}.ipynb", f"source/{STEM}/{STEM}.ipynb"):
