@@ -65,6 +65,12 @@ class Linear(nn.Linear):
     def unpack(self) -> None:
         self.packed = None
 
+    def __getstate__(self) -> dict:  # copy.deepcopy, pickle: oneDNN's opaque copy cannot be copied; drop it
+        state = self.__dict__.copy()
+        state.pop("packed", None)
+        state.pop("_packed_from", None)
+        return state
+
     def _packed_ok(self, x: torch.Tensor) -> bool:
         w = self.weight
         return (x.device.type == "cpu" and x.dtype == torch.float32 == w.dtype

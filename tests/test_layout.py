@@ -180,3 +180,17 @@ def test_auto_races_packed_only_for_batches():
     assert set_layout(model, "auto", rows=16) == choice == choice_of(model)
     assert set_layout(model, "in_out", rows=16) == "in_out" and choice_of(model) == "in_out"
     assert all(m.packed is None for m in linear_layers(model))  # dropped with the switch
+
+
+@needs_onednn
+def test_packed_model_copies_without_its_packed_copies():
+    """copy.deepcopy (as kvref.bench does to move a model) cannot copy oneDNN's opaque tensor: the copy
+    drops it and computes on its dense weights, to the same logits."""
+    import copy
+
+    model = forced(tiny_config("gpt2"), PACKED, LOGIT_STD)
+    twin = copy.deepcopy(model)
+    assert all(m.packed is None for m in linear_layers(twin)) and choice_of(model) == PACKED
+    ids = torch.randint(0, 256, (4, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(twin(ids), model(ids), atol=1e-5, rtol=0)
