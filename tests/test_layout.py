@@ -194,3 +194,13 @@ def test_packed_model_copies_without_its_packed_copies():
     ids = torch.randint(0, 256, (4, 6), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         torch.testing.assert_close(twin(ids), model(ids), atol=1e-5, rtol=0)
+
+
+def test_onednn_refused_where_it_cannot_pack():
+    """bf16 weights: oneDNN's fp32 copies do not apply; one clear error, the model left as it was."""
+    model = tiny_model(tiny_config("gpt2")).to(torch.bfloat16)
+    assert not can_pack(model)
+    with pytest.raises(ValueError, match="'onednn' needs fp32 weights on a CPU"):
+        set_layout(model, "onednn", rows=16)
+    assert choice_of(model) == "out_in" and all(m.packed is None for m in linear_layers(model))
+    assert set(choose_layout(model, rows=16)[1]) == set(LAYOUTS)  # nor does "auto" race it
