@@ -32,6 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -44,16 +45,15 @@ import nbformat
 from autograder.shared import notebooks, warm
 from autograder.intake import platforms
 from autograder.record import review
-from autograder.grade.course import Course, cell_timeout, solution_files
+from autograder.grade.course import cell_timeout, solution_files
 from autograder.export.gradebook import write_outputs
 from autograder.grade.grading import CANARY, Grader, Progress, Settings, canary_hint, isolation_status
+from autograder.grade.remember import (CANARY_CACHE, VERSION, build_course, canary_cache,  # noqa: F401
+                                       canary_key)
 from autograder.intake.intake import match_files, unzip
 from autograder.record.results import Row, Say, _stderr, shard_of, summary
 
 __all__ = ["Settings", "Stop", "grade_batch", "parse_shard", "shard_of", "usage_problem"]  # Settings, shard_of: imported here
-
-VERSION = "2"  # part of the cache key: bump when grading changes meaning
-
 
 def parse_shard(text: str | None) -> tuple[int, int]:
     if not text:
@@ -226,8 +226,7 @@ def set_up(cls: Class, sources: dict[str, Path], solutions: Path, settings: Sett
     warm.start()  # the warm servers import torch and nbgrader while the course is set up
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         probe = pool.submit(isolation_status, settings, hidden)  # starts a sandboxed Python: also seconds
-        course = Course(base, {s: sources[s] for s in cls.stems})
-        releases = {stem: course.generate(stem) for stem in cls.stems}
+        releases = build_course(base, {s: sources[s] for s in cls.stems})
         isolated, isolation = probe.result()
     source_nbs = {stem: notebooks.read(sources[stem]) for stem in cls.stems}
     max_points = {stem: notebooks.max_points(nb) for stem, nb in source_nbs.items()}
@@ -241,9 +240,14 @@ def set_up(cls: Class, sources: dict[str, Path], solutions: Path, settings: Sett
 
 def run_canary(grader: Grader, stems: list[str], sources: dict[str, Path], workers: int, say: Say) -> None:
     """The instructor solution of each notebook, graded first with the same settings: Stop(1) naming
-    the setting to blame when it does not get full marks."""
-    checks = []
+    the setting to blame when it does not get full marks. A solution that got full marks under the
+    same key (``canary_key``) in an earlier run is not graded again."""
+    checks, keys, cache, remembered = [], {}, canary_cache(), []
     for stem in stems:
+        keys[stem] = canary_key(grader, stem, sources[stem])
+        if cache is not None and (cache / f"{keys[stem]}.json").is_file():
+            remembered.append(stem)
+            continue
         path = grader.work / "canary" / f"{stem}.ipynb"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(nbformat.writes(notebooks.fill_answers(grader.releases[stem], grader.sources[stem])),
@@ -258,7 +262,17 @@ def run_canary(grader: Grader, stems: list[str], sources: dict[str, Path], worke
             raise Stop(1, f"the instructor solution of {row.notebook} got {row.score:g}/{auto:g} "
                           f"({row.status}: {row.reason[:300]}) with these settings, so no student was graded; "
                           f"likely cause: {canary_hint(row)}. (--no-canary skips this check.)")
-    say("canary: the instructor solution of " + ", ".join(stems) + " gets full marks with these settings")
+    for row in results if cache is not None else []:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = cache / f".{keys[row.notebook]}.{os.getpid()}"
+            tmp.write_text(json.dumps({"notebook": row.notebook, "score": row.score, "when": time.time()}))
+            tmp.replace(cache / f"{keys[row.notebook]}.json")
+        except OSError:
+            pass  # no cache: the next run grades it again
+    say("canary: the instructor solution of " + ", ".join(stems) + " gets full marks with these settings"
+        + (f" ({', '.join(remembered)} remembered from an earlier run with the same solution, code and settings)"
+           if remembered else ""))
 
 
 def plan(cls: Class, mine: list[str], grader: Grader, sources: dict[str, Path]) -> tuple[list[Row], list[tuple]]:

@@ -16,8 +16,8 @@ written one per layer in ``ModelConfig.layer_types``:
     "linear"     linear attention (Gated DeltaNet, Qwen3-Next): a fixed-size state, whatever S is
     "shared:j"   no cache of its own: reads layer j's K/V (Gemma 3n and Gemma 4, Cross-Layer Attention)
 
-kvref runs "full", "sliding", "latent" and "shared"; "sparse", "csa", "hca" and "linear" are known to the
-memory planner only (and top-k selection is taught on its own in ``kvref.select``). So are three fields of
+kvref runs "full", "sliding", "latent", "shared" and "linear" (kvref.linear_attn); "sparse", "csa" and "hca"
+are known to the memory planner only (and top-k selection is taught on its own in ``kvref.select``). So are three fields of
 2026's models: ``k_is_v`` (one tensor is key and value, cached once), ``global_head_dim`` and
 ``global_n_kv_heads`` (the full layers' own width, Gemma 4).
 """
@@ -25,7 +25,7 @@ memory planner only (and top-k selection is taught on its own in ``kvref.select`
 from __future__ import annotations
 
 KINDS = ("full", "sliding", "latent", "sparse", "csa", "hca", "linear", "shared")
-RUNNABLE = ("full", "sliding", "latent", "shared")
+RUNNABLE = ("full", "sliding", "latent", "shared", "linear")
 _MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 _LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                   "linear_value_head_dim", "linear_conv_kernel_dim")

@@ -7,7 +7,8 @@ path of kvref.model untouched. What changes per layer:
   base), "latent" (kvref.mla), or "shared:j" (only a query projection: keys and values are layer
   j's, from this same forward call);
 * the mask: a sliding layer sees its ``sliding_window`` newest keys, itself included;
-* the cache: ``LayeredCache`` stores each layer as its kind needs (all rows, a ring, latents, nothing).
+* the cache: ``LayeredCache`` stores each layer as its kind needs (all rows, a ring, latents, nothing,
+  or a linear layer's fixed-size state: kvref.linear_attn).
 
 Gemma's body (``arch="gemma"``) also differs: RMSNorm scales by (1 + w), four norms per block (after
 attention and after the MLP too), a GeGLU MLP (tanh GELU) and embeddings multiplied by sqrt(d_model).
@@ -26,6 +27,7 @@ from .attention import ATTENTION, build_mask
 from .cache import DynamicCache, KVCache, StaticCache
 from .evict import SlidingWindowCache
 from .kinds import check_runnable, kv_source, layer_kind
+from .linear_attn import GatedDeltaNet, LinearStates
 from .mla import LatentCache, MLAttention
 from .modules import Linear, RMSNorm, apply_rope
 
@@ -116,16 +118,21 @@ class LayerBlock(nn.Module):
         self.group = group_of(cfg, layer)
         self.norm1, self.norm2 = make_norm(cfg, cfg.d_model), make_norm(cfg, cfg.d_model)
         self.latent = layer_kind(cfg, layer) == "latent"
-        self.attn = MLAttention(cfg, layer) if self.latent else LayerAttention(cfg, layer)
+        self.linear = layer_kind(cfg, layer) == "linear"
+        self.attn = (MLAttention(cfg, layer) if self.latent else GatedDeltaNet(cfg, layer) if self.linear
+                     else LayerAttention(cfg, layer))
         self.mlp = GatedMLP(cfg)
         self.sandwich = cfg.arch == "gemma"  # Gemma also normalises each branch's output
         if self.sandwich:
             self.norm1_post, self.norm2_post = make_norm(cfg, cfg.d_model), make_norm(cfg, cfg.d_model)
 
     def forward(self, x: torch.Tensor, ropes: dict, masks: dict, cache, kv: dict) -> torch.Tensor:
-        rope, mask = ropes[self.group], masks[self.group]
-        h = self.attn(self.norm1(x), rope, mask, cache) if self.latent else self.attn(
-            self.norm1(x), rope, mask, cache, kv)
+        rope, mask = ropes.get(self.group), masks[self.group]  # a linear layer: no RoPE, mask = real or None
+        if self.linear:
+            h = self.attn(self.norm1(x), mask, cache)
+        else:
+            h = self.attn(self.norm1(x), rope, mask, cache) if self.latent else self.attn(
+                self.norm1(x), rope, mask, cache, kv)
         x = x + (self.norm1_post(h) if self.sandwich else h)
         h = self.mlp(self.norm2(x))
         return x + (self.norm2_post(h) if self.sandwich else h)
@@ -140,7 +147,7 @@ def rope_tables(cfg, device=None) -> dict[str, tuple[torch.Tensor, torch.Tensor]
     """cos, sin (max_seq_len, dim) in fp32 for each group present: "full" (rope_theta, positions divided
     by rope_scaling), "sliding" (rope_local_theta), "latent" (dim qk_rope_head_dim)."""
     out = {}
-    for group in {group_of(cfg, i) for i in range(cfg.n_layers)}:
+    for group in {group_of(cfg, i) for i in range(cfg.n_layers)} - {"linear"}:
         dim = cfg.qk_rope_head_dim if group == "latent" else cfg.head_dim
         local = group == "sliding" and cfg.rope_local_theta is not None
         theta = cfg.rope_local_theta if local else cfg.rope_theta
@@ -193,6 +200,9 @@ def forward_layered(model, input_ids: torch.Tensor, cache: KVCache | None, atten
         pos = (start + real.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
     masks = {}
     for g in groups:  # which held slots (and new tokens) each group's queries may see
+        if g == "linear":  # no mask: which new tokens are real (padding writes nothing to the state)
+            masks[g] = real if padded else None
+            continue
         window = cfg.sliding_window if g == "sliding" else None
         past, held_real = 0, None
         if cache is not None:  # a LayeredCache keeps every row but the sliding ring's; a plain cache may be bounded
@@ -206,7 +216,7 @@ def forward_layered(model, input_ids: torch.Tensor, cache: KVCache | None, atten
     if cfg.arch == "gemma":
         x = x * torch.tensor(cfg.d_model ** 0.5, dtype=x.dtype)
     ropes = {g: (getattr(model, f"rope_cos_{g}")[pos][:, None].to(x.dtype),
-                 getattr(model, f"rope_sin_{g}")[pos][:, None].to(x.dtype)) for g in groups}  # (B, 1, T, dim)
+                 getattr(model, f"rope_sin_{g}")[pos][:, None].to(x.dtype)) for g in groups if g != "linear"}  # (B, 1, T, dim)
     kv: dict = {}
     for block in model.blocks:
         x = block(x, ropes, masks, cache, kv)
@@ -244,15 +254,16 @@ class LayeredCache(KVCache):
     * "sliding" layers: a SlidingWindowCache ring of min(sliding_window, max_len) slots per layer
       (``static=False``: a GrowingRing of min(sliding_window, S) slots);
     * "latent" layers: a LatentCache, (B, S, r + d_R) per layer;
-    * "shared:j" layers: nothing (they read layer j's rows during the forward call).
+    * "shared:j" layers: nothing (they read layer j's rows during the forward call);
+    * "linear" layers: LinearStates, a (B, H_v, d_k, d_v) state and the conv's last K - 1 inputs per layer.
 
     ``nbytes`` equals ``kvref.kv_cache_bytes(cfg, batch, max_len, dtype)`` when ``static=True``, and
     ``kv_cache_bytes(cfg, batch, S, dtype)`` at length S when ``static=False`` (both with ``slack=0``).
 
     ``crop(length)`` rolls every group back; the rings get ``slack`` extra slots for that (see
-    SlidingWindowCache: slack >= k - 1 for k draft tokens). A linear-attention layer ("linear", which
-    kvref plans but does not run) keeps one state that cannot be cropped: an engine copies it before
-    verifying drafts and restores the copy (then re-feeds the accepted tokens) when some are rejected.
+    SlidingWindowCache: slack >= k - 1 for k draft tokens). A linear-attention layer keeps one state that
+    cannot be cropped (crop raises LinearStateError, a CropError): ``snap = snapshot()`` before feeding
+    tokens that may be rejected, ``restore(snap)`` after (then feed the accepted tokens again).
     """
 
     def __init__(self, cfg, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
@@ -283,6 +294,8 @@ class LayeredCache(KVCache):
         if "latent" in counts:
             groups["latent"] = LatentCache(counts["latent"], cfg.kv_lora_rank, cfg.qk_rope_head_dim, batch, max_len,
                                            dtype, device, static)
+        if "linear" in counts:
+            groups["linear"] = LinearStates(cfg, counts["linear"], batch, dtype, device, static)
         self.groups = nn.ModuleDict(groups)
         self.max_len, self.batch, self.dtype = max_len, batch, dtype
         self.n_layers = cfg.n_layers
@@ -290,6 +303,13 @@ class LayeredCache(KVCache):
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         group, j = self.slot[layer]
         return self.groups[group].update(j, k, v)
+
+    def linear_state(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A linear layer's (conv inputs (B, C, K - 1), state (B, H_v, d_k, d_v))."""
+        return self.groups["linear"].get(self.slot[layer][1])
+
+    def set_linear_state(self, layer: int, conv: torch.Tensor, state: torch.Tensor) -> None:
+        self.groups["linear"].set(self.slot[layer][1], conv, state)
 
     def check(self, cfg, batch: int, new_tokens: int, dtype: torch.dtype, device: torch.device) -> None:
         spec = (cfg.n_layers, batch, dtype, torch.device(device).type)
@@ -319,10 +339,37 @@ class LayeredCache(KVCache):
         for part in self.groups.values():  # a ring may refuse: check all before anything changes
             if isinstance(part, KVCache):
                 part._check_crop(length)
+            elif isinstance(part, LinearStates):
+                part.check_crop(length)
 
     def _crop_storage(self, length: int, drop: int) -> None:
         for part in self.groups.values():
             part.crop(length)
+
+    def snapshot(self) -> dict:
+        """What ``restore`` needs to bring this cache back to now: the linear states (copied) and the length
+        (the other groups are cropped back to it)."""
+        part = self.groups["linear"] if "linear" in self.groups else None
+        return {"cache": id(self), "seen": self.seen, "length": self.length, "next_pos": self.next_pos,
+                "real": self.real, "padded": self.padded, "linear": part.snapshot() if part is not None else None}
+
+    def restore(self, snap: dict) -> None:
+        """Back to the moment of ``snap = self.snapshot()``: tokens fed since are forgotten."""
+        if not isinstance(snap, dict) or snap.get("cache") != id(self):
+            raise ValueError("restore takes a snapshot() of this same cache")
+        if not snap["seen"] <= self.seen:
+            raise ValueError(f"this snapshot holds {snap['seen']} tokens but the cache only {self.seen}: a snapshot "
+                             f"is restored after feeding more tokens, not after a reset or a crop below it")
+        for part in self.groups.values():  # a ring may refuse: check all before anything changes
+            if isinstance(part, KVCache):
+                part._check_crop(snap["seen"])
+        for g, part in self.groups.items():
+            if g == "linear":
+                part.restore(snap["linear"])
+            else:
+                part.crop(snap["seen"])
+        self.length, self.seen, self.padded = snap["length"], snap["seen"], snap["padded"]
+        self.real, self.next_pos = snap["real"], snap["next_pos"]
 
     def nbytes_by_kind(self) -> dict[str, int]:
         return {g: part.nbytes for g, part in self.groups.items()}

@@ -12,7 +12,13 @@ matrix contiguously and exposes it as a transposed view. ``F.linear``, ``state_d
 the same values; only the memory order that the matrix product reads changes.
 
     set_layout(model)              # "auto": time both (once per process, device and shape set), keep the faster
-    set_layout(model, "in_out")    # or force one; KVREF_LAYOUT=out_in|in_out|auto does the same for load_hf
+    set_layout(model, "in_out")    # or force one; KVREF_LAYOUT=out_in|in_out|onednn|auto does the same for load_hf
+
+A third choice, "onednn", keeps the storage and gives every ``Linear`` a second copy of its weight that
+oneDNN has reordered for its own GEMM kernel (``Linear.pack``). On an AMD EPYC, where MKL's fp32 GEMM
+does not take its fastest path, oneDNN's runs the 4-64-row products of batched decode about 2x faster
+(docs/benchmarks.md, issue 37). "auto" races it only for more than one row: a one-row step is bound by
+reading the weights, which packing cannot read faster, and the copy costs as much memory again.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import torch
 import torch.nn as nn
 
 LAYOUTS = ("out_in", "in_out")
+PACKED = "onednn"  # storage unchanged + oneDNN's reordered copy of each weight
+CHOICES = (*LAYOUTS, PACKED)
 _chosen: dict[tuple, tuple[str, dict[str, float]]] = {}  # (device, dtype, shapes, rows) -> (layout, seconds)
 
 
@@ -45,12 +53,36 @@ def layout_of(model: nn.Module) -> str:
     return "in_out" if transposed else "out_in"
 
 
+def can_pack(model: nn.Module) -> bool:
+    """Can every linear layer keep a oneDNN copy (kvref's Linear, fp32 on a CPU, oneDNN built in)?"""
+    layers = linear_layers(model)
+    return (bool(layers) and torch.backends.mkldnn.is_available() and all(
+        hasattr(m, "pack") and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32 for m in layers))
+
+
+def choice_of(model: nn.Module) -> str:
+    """"onednn" if the layers hold packed copies, else the storage (``layout_of``)."""
+    layers = linear_layers(model)
+    return PACKED if layers and getattr(layers[0], "packed", None) is not None else layout_of(model)
+
+
 @torch.no_grad()
-def relayout(model: nn.Module, layout: str) -> None:
-    """Store every linear weight as ``layout``, in place, one matrix at a time (same shape, same values)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
+def relayout(model: nn.Module, layout: str, rows: int = 1) -> None:
+    """Store every linear weight as ``layout``, in place, one matrix at a time (same shape, same values).
+
+    "onednn" keeps the storage and packs a copy of each weight for ``rows`` rows; the other two drop the copies.
+    """
+    if layout not in CHOICES:
+        raise ValueError(f"layout must be one of {CHOICES}; got {layout!r}")
+    if layout == PACKED and not can_pack(model):
+        raise ValueError("layout 'onednn' needs fp32 weights on a CPU, kvref's Linear layers and a torch built "
+                         "with oneDNN (torch.backends.mkldnn.is_available()); use 'out_in' or 'in_out'")
     for m in linear_layers(model):
+        if layout == PACKED:
+            m.pack(rows)
+            continue
+        if getattr(m, "packed", None) is not None:
+            m.unpack()
         w = m.weight.data  # (out, in) as seen by F.linear, whatever the storage
         m.weight.data = w.contiguous() if layout == "out_in" else w.t().contiguous().t()
 
@@ -68,28 +100,39 @@ def _one_pass(layers: list[nn.Linear], xs: dict[int, torch.Tensor], device: torc
     return time.perf_counter() - t0
 
 
-def time_layouts(model: nn.Module, rows: int = 1, repeats: int = 3) -> dict[str, float]:
-    """Median seconds of one pass over all linear layers, per layout; the runs alternate A B B A A B ...
+def candidates(model: nn.Module, rows: int) -> tuple[str, ...]:
+    """What "auto" races for ``rows`` rows: both storages, and oneDNN's packed copies for more than one row."""
+    return CHOICES if rows > 1 and can_pack(model) else LAYOUTS
 
-    The model ends in the layout it had. Each weight is transposed once per switch (about a second
-    for GPT-2-124M on one core), so the order snakes to switch once per repeat.
+
+def time_layouts(model: nn.Module, rows: int = 1, repeats: int = 3) -> dict[str, float]:
+    """Median seconds of one pass over all linear layers, per candidate; the runs alternate A B C C B A ...
+
+    The model ends as it was. Each weight is transposed (or packed) once per switch (about a second
+    for GPT-2-124M on one core), so the order snakes to switch once per repeat. The packed copies
+    are made from the storage the model starts in.
     """
-    layers, start = linear_layers(model), layout_of(model)
+    layers, start, storage = linear_layers(model), choice_of(model), layout_of(model)
     w = layers[0].weight
     xs = {m.in_features: torch.randn(rows, m.in_features, dtype=w.dtype, device=w.device) for m in layers}
-    times: dict[str, list[float]] = {k: [] for k in LAYOUTS}
-    order = [start, *(k for k in LAYOUTS if k != start)]
+    kinds = candidates(model, rows)
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    order = [start, *(k for k in kinds if k != start)] if start in kinds else list(kinds)
     for r in range(repeats):
         for k in order if r % 2 == 0 else order[::-1]:
-            relayout(model, k)
+            if k == PACKED:
+                relayout(model, storage)
+            relayout(model, k, rows)
             _one_pass(layers, xs, w.device)  # first touch after the copy
             times[k].append(statistics.median(_one_pass(layers, xs, w.device) for _ in range(3)))
-    relayout(model, start)
+    relayout(model, storage)
+    if start == PACKED:
+        relayout(model, PACKED, rows)
     return {k: statistics.median(t) for k, t in times.items()}
 
 
 def choose_layout(model: nn.Module, rows: int = 1) -> tuple[str, dict[str, float]]:
-    """The faster layout for ``rows`` new tokens per step, and the seconds measured; cached per process."""
+    """The fastest choice for ``rows`` new tokens per step, and the seconds measured; cached per process."""
     layers = linear_layers(model)
     w = layers[0].weight
     key = (str(w.device), w.dtype, tuple(tuple(m.weight.shape) for m in layers), rows)
@@ -100,16 +143,17 @@ def choose_layout(model: nn.Module, rows: int = 1) -> tuple[str, dict[str, float
 
 
 def set_layout(model: nn.Module, layout: str | None = None, rows: int = 1) -> str:
-    """Store the weights as ``layout`` ("out_in", "in_out" or "auto"; None: $KVREF_LAYOUT, else "auto").
+    """Store the weights as ``layout`` ("out_in", "in_out", "onednn" or "auto"; None: $KVREF_LAYOUT, else "auto").
 
-    "auto" times both for ``rows`` tokens per step (``choose_layout``). Returns the layout now in use.
+    "auto" times the candidates for ``rows`` tokens per step (``choose_layout``). "onednn" keeps the
+    storage the weights have and packs a copy of each for ``rows`` rows. Returns the choice now in use.
     """
     layout = layout or os.environ.get("KVREF_LAYOUT") or "auto"
-    if layout not in (*LAYOUTS, "auto"):
-        raise ValueError(f"layout (or $KVREF_LAYOUT) must be 'auto', 'out_in' or 'in_out'; got {layout!r}")
+    if layout not in (*CHOICES, "auto"):
+        raise ValueError(f"layout (or $KVREF_LAYOUT) must be 'auto', 'out_in', 'in_out' or 'onednn'; got {layout!r}")
     if not linear_layers(model):
         return "out_in"
     if layout == "auto":
         layout = choose_layout(model, rows)[0]
-    relayout(model, layout)
+    relayout(model, layout, rows)
     return layout

@@ -18,6 +18,11 @@ With sampling (temperature > 0), draft token d ~ q is accepted with probability 
 and a rejected one is replaced by a sample of norm(max(0, p - q)): the output is distributed exactly
 as the target's own samples (Leviathan et al., 2023; Chen et al., 2023).
 
+A linear-attention layer (kvref.linear_attn) keeps a state that cannot be cropped: for a model with
+such layers the cache is snapshotted before the verify step and restored when a draft is rejected,
+then the accepted tokens are fed again (``SpecStats.target_refeeds`` counts those forwards); the
+draft's cache is snapshotted after its first forward of a round (when it holds only kept tokens).
+
 ``draft`` is another kvref model (same vocabulary, same device) with its own cache, or "ngram":
 prompt lookup, the k tokens that followed the latest n-gram's earliest earlier occurrence in the
 context (what HF's ``prompt_lookup_num_tokens`` does), which costs no model at all.
@@ -47,6 +52,7 @@ class SpecStats:
     accepted: int = 0  # of those, the ones the target kept
     target_forwards: int = 0  # prefill included
     draft_forwards: int = 0
+    target_refeeds: int = 0  # forwards that fed accepted tokens again after a restore (linear layers only)
     seconds: float = 0.0
 
     @property
@@ -97,6 +103,13 @@ def make_cache(model: Transformer, kind: str, max_len: int, k: int) -> KVCache:
     if kind == "quantized":
         return QuantizedCache(bits=8, residual=max(32, k))
     raise ValueError(f"cache must be one of {CACHE_KINDS} or a KVCache instance; got {kind!r}")
+
+
+def _rolls_back_by_snapshot(cache) -> bool:
+    """True for a cache with linear-attention layers: it restores a snapshot instead of cropping."""
+    from .layers import LayeredCache
+
+    return isinstance(cache, LayeredCache) and "linear" in cache.groups
 
 
 def ngram_draft(tokens: list[int], k: int, max_ngram: int = 2) -> list[int]:
@@ -167,6 +180,7 @@ def generate(target: Transformer, input_ids: torch.Tensor, max_new_tokens: int, 
         t_cache, d_kind = make_cache(target, cache, max_len, k), cache
     use_model = isinstance(draft, Transformer)
     d_cache = make_cache(draft, d_kind, max_len, k) if use_model else None
+    t_snaps, d_snaps = _rolls_back_by_snapshot(t_cache), _rolls_back_by_snapshot(d_cache)
     gen = torch.Generator(device=dev).manual_seed(seed) if seed is not None else None
     greedy = temperature == 0.0
 
@@ -185,12 +199,15 @@ def generate(target: Transformer, input_ids: torch.Tensor, max_new_tokens: int, 
     while len(tokens) - T < max_new_tokens:
         kk = min(k, max_new_tokens - (len(tokens) - T) - 1)  # never emit past max_new_tokens
         drafts, q = [], []  # proposed tokens and, when sampling, the draft's distributions
+        d_snap = None
         if kk and use_model:
-            for _ in range(kk):
+            for i in range(kk):
                 feed = torch.tensor([(tokens + drafts)[d_len:]], device=dev)  # what the draft has not read yet
                 d_logits = draft(feed, cache=d_cache, last_only=True)[0, -1]
                 stats.draft_forwards += 1
                 d_len += feed.shape[1]
+                if i == 0 and d_snaps:  # the draft holds exactly the kept tokens: the point to come back to
+                    d_snap = d_cache.snapshot()
                 dist = d_logits if greedy else _probs(d_logits, temperature)
                 drafts.append(pick(dist))
                 q.append(dist)
@@ -198,16 +215,26 @@ def generate(target: Transformer, input_ids: torch.Tensor, max_new_tokens: int, 
             drafts = ngram_draft(tokens, kk, max_ngram)
         held = len(tokens) - 1  # the target holds every token but the last
         feed = torch.tensor([tokens[-1:] + drafts], device=dev)  # (1, 1 + len(drafts)): the verify step
+        t_snap = t_cache.snapshot() if t_snaps else None
         t_logits = target(feed, cache=t_cache)[0]  # (1 + len(drafts), V)
         stats.target_forwards += 1
         n, extra = _verify(t_logits, drafts, q, temperature, gen, pick)
         stats.proposed += len(drafts)
         stats.accepted += n
-        t_cache.crop(held + 1 + n)  # keep the fed last token and the n accepted drafts
+        if t_snap is None:
+            t_cache.crop(held + 1 + n)  # keep the fed last token and the n accepted drafts
+        elif n < len(drafts):  # a state cannot be cropped: back to before the verify, then the kept tokens again
+            t_cache.restore(t_snap)
+            target(feed[:, :1 + n], cache=t_cache, last_only=True)
+            stats.target_refeeds += 1
         tokens += drafts[:n] + [extra]
-        if use_model:
-            d_len = min(d_len, held + 1 + n)
-            d_cache.crop(d_len)  # the draft forgets its rejected guesses too
+        if use_model and d_len > held + 1 + n:  # the draft forgets its rejected guesses too
+            if d_snap is not None:
+                d_cache.restore(d_snap)
+                d_len = held + 1  # its next round's first forward reads the accepted tokens again
+            else:
+                d_len = held + 1 + n
+                d_cache.crop(d_len)
     stats.seconds = time.perf_counter() - t0
     stats.new_tokens = len(tokens) - T
     return SpecGeneration(tokens=torch.tensor([tokens], device=dev), stats=stats)

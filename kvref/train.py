@@ -112,8 +112,9 @@ def _cpu_minutes(c0: float, threads: int) -> float:
 def train(steps: int = 3600, batch_size: int = 16, lr: float = 1e-3, seed: int = 0,
           phase1_steps: int = 2000, phase1_len: int = 128, batch2: int = 4, lr2: float = 1e-3, repeat_every: int = 4,
           answer_weight: float = 5.0, max_minutes: float = 15.0, out: Path = CKPT, threads: int = 1,
-          log_every: int = 20, eval_every: int = 0, eval_docs: int = 64, eval_probes: int = 100) -> dict:
-    """Train TINY_CONFIG for ``steps`` AdamW steps on fresh documents; save and return the stats.
+          log_every: int = 20, eval_every: int = 0, eval_docs: int = 64, eval_probes: int = 100,
+          config: ModelConfig | None = None, log: Path | None = None) -> dict:
+    """Train ``config`` (default TINY_CONFIG) for ``steps`` AdamW steps on fresh documents; save and return the stats.
 
     Phase 1 (the first ``phase1_steps``): short ``phase1_len``-byte documents, cheap per step,
     alternating repeat documents and lookup drills: the model learns to copy (find the earlier
@@ -123,13 +124,14 @@ def train(steps: int = 3600, batch_size: int = 16, lr: float = 1e-3, seed: int =
     from ~100 to ~500 bytes. The learning rate is ``lr`` through phase 1, then ``lr2`` decayed
     (cosine) to 10 % over phase 2. The four answer digits of each recall weigh ``answer_weight``
     times as much as other bytes in the loss: they are ~1 % of the bytes, but the whole point.
+    The log goes to ``log`` (default: train_log.txt next to ``out``).
     """
     from safetensors.torch import save_file
     from tqdm import tqdm
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    cfg = TINY_CONFIG
+    cfg = config if config is not None else TINY_CONFIG
     model = Transformer(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     def lr_at(s: int) -> float:  # lr through phase 1; then lr2, cosine-decayed to 10 % over phase 2
@@ -208,7 +210,7 @@ def train(steps: int = 3600, batch_size: int = 16, lr: float = 1e-3, seed: int =
     state = {k: v.contiguous() for k, v in model.state_dict().items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
     save_file(state, str(out))
     out.with_suffix(".json").write_text(json.dumps({"config": cfg.__dict__, "stats": stats}, indent=1) + "\n")
-    out.with_name("train_log.txt").write_text("\n".join(log_lines) + "\n")
+    (Path(log) if log is not None else out.with_name("train_log.txt")).write_text("\n".join(log_lines) + "\n")
     return stats
 
 

@@ -86,10 +86,16 @@ def test_mla_reads_match_the_formula():
 
 
 def test_planner_only_kinds_do_not_run():
-    cfg = kvref.ModelConfig.preset("qwen3-next-80b-a3b").with_(n_layers=4, layer_types=("linear",) * 3 + ("full",),
-                                                                d_model=64, n_heads=4, head_dim=16, vocab_size=256)
-    with pytest.raises(ValueError, match=r"layer_types\[0\] = 'linear': kvref plans the memory"):
+    # "linear" runs since kvref.linear_attn (tests/test_linear_attn.py); DeepSeek-V3.2's "sparse" is still planned only
+    cfg = kvref.ModelConfig.preset("deepseek-v3.2").with_(n_layers=2, layer_types=("sparse", "latent"), d_model=64, n_kv_heads=4,
+                                                          n_heads=4, vocab_size=256)
+    with pytest.raises(ValueError, match=r"layer_types\[0\] = 'sparse': kvref plans the memory"):
         kvref.Transformer(cfg)
+    qn = kvref.ModelConfig.preset("qwen3-next-80b-a3b").with_(n_layers=4, layer_types=("linear",) * 3 + ("full",),
+                                                               d_model=64, n_heads=4, head_dim=16, vocab_size=256,
+                                                               linear_num_key_heads=2, linear_num_value_heads=4,
+                                                               linear_key_head_dim=8, linear_value_head_dim=8)
+    assert kvref.Transformer(qn).blocks[0].linear  # Qwen3-Next's pattern builds
 
 
 def _hf(model_type: str, **fields) -> dict:

@@ -13,7 +13,7 @@ import torch
 
 import kvref
 from conftest import ATTENTION_KINDS, tiny_config, tiny_model
-from kvref.layout import LAYOUTS, _chosen, choose_layout, layout_of, linear_layers, set_layout
+from kvref.layout import CHOICES, LAYOUTS, PACKED, _chosen, can_pack, choice_of, choose_layout, layout_of, linear_layers, set_layout
 
 LOGIT_STD = 0.1
 
@@ -69,14 +69,14 @@ def test_auto_picks_one_and_remembers():
 
 def test_bad_layout_is_one_clear_error(monkeypatch):
     model = tiny_model(tiny_config("llama"))
-    with pytest.raises(ValueError, match="'auto', 'out_in' or 'in_out'; got 'row_major'"):
+    with pytest.raises(ValueError, match="'auto', 'out_in', 'in_out' or 'onednn'; got 'row_major'"):
         set_layout(model, "row_major")
     monkeypatch.setenv("KVREF_LAYOUT", "cols")
     with pytest.raises(ValueError, match=r"\$KVREF_LAYOUT.*got 'cols'"):
         set_layout(model)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", CHOICES)
 def test_hf_match_with_layout_forced(layout, tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
@@ -88,8 +88,10 @@ def test_hf_match_with_layout_forced(layout, tmp_path, monkeypatch):
             p.normal_(0, 0.2) if p.dim() > 1 else p.add_(torch.randn_like(p) * 0.1)
     hf.save_pretrained(tmp_path)
     monkeypatch.setenv("KVREF_LAYOUT", layout)  # load_hf reads it when no layout is passed
+    if layout == PACKED and not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
     ours = kvref.load_hf(tmp_path)
-    assert layout_of(ours) == layout
+    assert choice_of(ours) == layout
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=0)
@@ -108,3 +110,97 @@ def test_frozen_compiled_decode_with_weights_stored_in_out():
     dec = CompiledDecoder(model, freeze=True)
     got = dec.generate(ids, 12, kvref.StaticCache(model.cfg, 2, 19))
     assert torch.equal(got, kvref.generate(model, ids, 12).tokens)
+
+
+# -- oneDNN's packed copies ("onednn", issue 37): the same products by another kernel ------------------
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("arch,n_kv", [("gpt2", None), ("llama", 2)])
+def test_packed_logits_equal_dense(arch, n_kv, rows):
+    """Bound 1e-5 as between the layouts: oneDNN sums the same products in another order."""
+    cfg = tiny_config(arch, n_kv)
+    dense, packed = forced(cfg, "out_in", LOGIT_STD), forced(cfg, PACKED, LOGIT_STD)
+    assert all(m.packed is not None for m in linear_layers(packed))
+    with torch.profiler.profile() as prof, torch.inference_mode():  # oneDNN's kernel does run
+        packed(torch.zeros(rows, 1, dtype=torch.long))
+    assert sum(e.name == "mkldnn::_linear_pointwise" for e in prof.events()) == len(linear_layers(packed))
+    ids = torch.randint(0, 256, (rows, 12), generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        ca, cb = (kvref.StaticCache(cfg, rows, 16) for _ in range(2))
+        la, lb = dense(ids, cache=ca), packed(ids, cache=cb)
+        step = ids[:, -1:]
+        la, lb = torch.cat([la, dense(step, cache=ca)], 1), torch.cat([lb, packed(step, cache=cb)], 1)
+        uncached = packed(torch.cat([ids, step], 1))  # the packed model, cached vs uncached
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lb, uncached, atol=1e-5, rtol=0)
+
+
+@needs_onednn
+def test_packed_greedy_tokens_equal_dense():
+    cfg = tiny_config("gpt2")
+    ids = torch.randint(0, 256, (16, 8), generator=torch.Generator().manual_seed(2))
+    out = [kvref.generate(forced(cfg, k, 0.2), ids, 24).tokens for k in ("out_in", PACKED)]
+    assert torch.equal(out[0], out[1])
+
+
+@needs_onednn
+def test_packed_copy_never_used_stale():
+    """Weights changed after packing (in place, or replaced): the layer computes with the new ones."""
+    cfg = tiny_config("gpt2")
+    packed, other = forced(cfg, PACKED, LOGIT_STD), tiny_model(cfg, seed=7, std=LOGIT_STD)
+    ids = torch.randint(0, 256, (4, 6), generator=torch.Generator().manual_seed(4))
+    packed.load_state_dict(other.state_dict())  # copies in place: same storage, new values
+    with torch.no_grad():
+        torch.testing.assert_close(packed(ids), other(ids), atol=1e-5, rtol=0)
+    layer = linear_layers(packed)[1]
+    layer.weight.data = layer.weight.data * 2  # replaced: another tensor
+    x = torch.randn(3, layer.in_features)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+@needs_onednn
+def test_packed_model_still_trains():
+    """With gradients wanted the layer takes the dense path (oneDNN's op has no backward): gradients flow."""
+    model = forced(tiny_config("llama"), PACKED, LOGIT_STD).train()
+    model(torch.randint(0, 256, (2, 5))).sum().backward()
+    assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in linear_layers(model))
+
+
+def test_auto_races_packed_only_for_batches():
+    """One row: the two storages (a weight-read step, packing would only double the memory); 16 rows:
+    oneDNN's copies too, where it can pack."""
+    model = tiny_model(tiny_config("gpt2"))
+    assert set(choose_layout(model, rows=1)[1]) == set(LAYOUTS)
+    choice, seconds = choose_layout(model, rows=16)
+    assert set(seconds) == set(CHOICES if can_pack(model) else LAYOUTS) and choice == min(seconds, key=seconds.get)
+    assert set_layout(model, "auto", rows=16) == choice == choice_of(model)
+    assert set_layout(model, "in_out", rows=16) == "in_out" and choice_of(model) == "in_out"
+    assert all(m.packed is None for m in linear_layers(model))  # dropped with the switch
+
+
+@needs_onednn
+def test_packed_model_copies_without_its_packed_copies():
+    """copy.deepcopy (as kvref.bench does to move a model) cannot copy oneDNN's opaque tensor: the copy
+    drops it and computes on its dense weights, to the same logits."""
+    import copy
+
+    model = forced(tiny_config("gpt2"), PACKED, LOGIT_STD)
+    twin = copy.deepcopy(model)
+    assert all(m.packed is None for m in linear_layers(twin)) and choice_of(model) == PACKED
+    ids = torch.randint(0, 256, (4, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(twin(ids), model(ids), atol=1e-5, rtol=0)
+
+
+def test_onednn_refused_where_it_cannot_pack():
+    """bf16 weights: oneDNN's fp32 copies do not apply; one clear error, the model left as it was."""
+    model = tiny_model(tiny_config("gpt2")).to(torch.bfloat16)
+    assert not can_pack(model)
+    with pytest.raises(ValueError, match="'onednn' needs fp32 weights on a CPU"):
+        set_layout(model, "onednn", rows=16)
+    assert choice_of(model) == "out_in" and all(m.packed is None for m in linear_layers(model))
+    assert set(choose_layout(model, rows=16)[1]) == set(LAYOUTS)  # nor does "auto" race it

@@ -91,6 +91,8 @@ class Course:
         ``overrides``: nbgrader settings on top of nbgrader_config.py (the batch grader's limits)."""
         from nbgrader.apps import NbGraderAPI  # slow import; only when a course is built
 
+        from autograder.grade.quick import QuickKernelClient
+
         quiet_nbgrader()
 
         self.root = Path(root).resolve()
@@ -114,6 +116,7 @@ class Course:
         config.CourseDirectory.root = str(self.root)
         config.CourseDirectory.db_url = f"sqlite:///{self.root / 'gradebook.db'}"
         config.Exchange.root = str(self.root / "exchange")  # never touch /srv/nbgrader/exchange
+        config.KernelManager.client_factory = QuickKernelClient  # no idle 0.2 s after each kernel's start
         (self.root / "exchange").mkdir(exist_ok=True)
         self.config = config
         with kernel_environment():
@@ -259,6 +262,14 @@ class Course:
         nb = self._submission(stem, student)
         return {} if nb is None else {g: Score(*s) for g, s in nb["cells"].items()}
 
+    def submission_scores(self, stem: str, student: str) -> tuple[Score, dict[str, Score]] | None:
+        """(total, {grade_id: Score}) of one autograded submission, read in one gradebook visit;
+        None when it was not graded."""
+        if not self.autograded_path(stem, student).is_file():
+            return None
+        nb = self._submission(stem, student)
+        return None if nb is None else (Score(*nb["total"]), {g: Score(*s) for g, s in nb["cells"].items()})
+
     def _submission(self, stem: str, student: str) -> dict | None:
         from nbgrader.api import Gradebook, MissingEntry
 
@@ -298,7 +309,10 @@ class Course:
 
 def _grade_clone(root: str, feedback: bool, threads: int) -> dict[str, dict]:
     """Worker process: autograde everything submitted in one clone (see ``Course.autograde_all``)."""
+    from autograder.grade.quick import shared_engines
+
     quiet_nbgrader()
+    shared_engines()  # this worker's gradebook opens share one engine
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)  # for the kernels: share the cores
     course = Course(root)
     out = {}

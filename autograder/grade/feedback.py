@@ -86,19 +86,77 @@ def redact(graded: nbformat.NotebookNode, release: nbformat.NotebookNode) -> nbf
     return graded
 
 
+_EXPORTER = None  # one per process: its compiled templates are reused by every page
+
+# The classic page, with one change: a code cell's highlighted source is not passed through the
+# HTML sanitiser again. Pygments escapes every character of the source (& < > " '), so that pass
+# only costs time (about half a page's rendering); markdown and HTML outputs, which can carry
+# HTML, are still sanitised by the template as before.
+PAGE_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{% block input %}
+<div class="inner_cell">
+    <div class="input_area">
+{{ cell.source | highlight_code(metadata=cell.metadata) }}
+    </div>
+</div>
+{%- endblock input %}
+"""
+IMG_WITHOUT_ALT = re.compile(r"<img(?![^>]*\balt=)")
+
+
+def exporter():
+    """nbconvert's HTML exporter (classic template, no prompts), made once per process. Its
+    page is rendered by the template alone: nbconvert's second pass over the whole page with
+    BeautifulSoup (for images without alt text, and the lab template's tab stops) is replaced
+    by ``IMG_WITHOUT_ALT``, a regular expression."""
+    global _EXPORTER
+    if _EXPORTER is None:
+        from nbconvert import HTMLExporter
+        from nbconvert.exporters.templateexporter import TemplateExporter
+        from nbconvert.filters.highlight import Highlight2HTML
+        from nbconvert.filters.widgetsdatatypefilter import WidgetsDataTypeFilter
+
+        class PageExporter(HTMLExporter):
+            def from_notebook_node(self, nb, resources=None, **kw):
+                info = nb.metadata.get("language_info", {})
+                lexer = info.get("pygments_lexer", info.get("name", None))
+                self.register_filter("highlight_code", Highlight2HTML(pygments_lexer=lexer, parent=self))
+                resources = self._init_resources(resources)
+                self.register_filter("filter_data_type", WidgetsDataTypeFilter(
+                    notebook_metadata=self._nb_metadata, parent=self, resources=resources))
+                return TemplateExporter.from_notebook_node(self, nb, resources, **kw)
+
+        _EXPORTER = PageExporter(template_name="classic")
+        _EXPORTER.exclude_input_prompt = _EXPORTER.exclude_output_prompt = True
+        _EXPORTER.raw_template = PAGE_TEMPLATE
+    return _EXPORTER
+
+
 def feedback_html(nb: nbformat.NotebookNode, cells: dict[str, tuple[float, float]], title: str) -> str:
     """A self-contained HTML page (no CDN): the notebook with each graded cell's score."""
-    from nbconvert import HTMLExporter
-
     for cell in nb.cells:
         gid = notebooks.grade_id(cell)
         if gid in cells:
             s, m = cells[gid]
             cell.source = f"# [{gid}] score: {s:g} / {m:g}\n" + cell.source if cell.cell_type == "code" else \
                 f"**[{gid}] score: {s:g} / {m:g}**\n\n" + cell.source
-    exporter = HTMLExporter(template_name="classic")
-    exporter.exclude_input_prompt = exporter.exclude_output_prompt = True
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    body, _ = exporter().from_notebook_node(nb, resources={"metadata": {"name": title}})
     body = re.sub(r'<script[^>]*src="https?://[^"]*"[^>]*>\s*</script>', "", body)  # nothing from the network
+    body = IMG_WITHOUT_ALT.sub('<img alt="No description has been provided for this image"', body)
     total = sum(s for s, _ in cells.values()), sum(m for _, m in cells.values())
     return body.replace("<body>", f"<body><h1>{title}: {total[0]:g} / {total[1]:g}</h1>", 1)
+
+
+def warm_up() -> None:
+    """Render a small page once, so that the templates, the syntax highlighter's and the HTML
+    sanitiser's compiled patterns exist before the warm job server forks its jobs (each job
+    would otherwise compile them again, about half a second)."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    error = new_output("error", ename="AssertionError", evalue="x", traceback=["\x1b[0;31mAssertionError\x1b[0m: x"])
+    nb = new_notebook(cells=[new_markdown_cell("# A *page* with $x^2$ and `code`"),
+                             new_code_cell("import torch\nassert 1 + 1 == 2, 'ok'  # a comment",
+                                           outputs=[new_output("stream", name="stdout", text="1\n"), error])],
+                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                                "language_info": {"name": "python", "pygments_lexer": "ipython3"}})
+    feedback_html(nb, {}, "warm-up")

@@ -141,6 +141,7 @@ def canary_hint(row: Row) -> str:
 
 def _grade_one(student, stem, path, note, release, source, base, work, fb_dir, settings: Settings, max_score, threads) -> Row:
     notes = [note] if note else []
+    t0 = time.perf_counter()
     try:
         nb, repairs = preflight(path, release, source)
     except Invalid as e:
@@ -154,7 +155,8 @@ def _grade_one(student, stem, path, note, release, source, base, work, fb_dir, s
             "queued": time.time()}))
         t = time.perf_counter()
         result = run_job(jobdir, settings.notebook_timeout)
-        timing = dict(result.get("timing", {}), total=time.perf_counter() - t)
+        # total: the job, start to end; prepare: the submission read and repaired, its job folder made
+        timing = dict(result.get("timing", {}), total=time.perf_counter() - t, prepare=t - t0)
         score = float(result.get("score", 0.0))
         if result["status"] in ("ok", "needs_review"):
             page = jobdir / "feedback.html"

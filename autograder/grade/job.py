@@ -22,6 +22,7 @@ from traitlets.config import Config
 from autograder.shared import notebooks, sandbox, warm
 from autograder.grade.feedback import ANSI as feedback_ANSI, feedback_html, redact
 from autograder.grade.course import ROOT, Course, kernel_environment
+from autograder.grade.quick import shared_engines
 
 OUTPUT_CAP = 2_000_000  # characters a kernel may print to stdout and to stderr, each
 
@@ -143,6 +144,70 @@ def cell_span(nb) -> tuple[float, float] | None:
     return (min(times), max(times)) if times else None
 
 
+def warm_up() -> None:
+    """Run once by the warm job server after its imports, before it forks jobs: fill the
+    per-process caches every job would otherwise fill again (SQLAlchemy's mapper set-up for
+    nbgrader's gradebook, the notebook JSON-schema validators, the feedback page's templates and
+    compiled patterns). Nothing here starts a thread or touches a file."""
+    import nbformat
+    from nbgrader import api  # noqa: F401  (its ORM classes, configured below)
+    from nbgrader.nbgraderformat import MetadataValidator
+    from sqlalchemy.orm import configure_mappers
+
+    from autograder.grade.feedback import warm_up as feedback_warm_up
+
+    configure_mappers()
+    nb = notebooks.course_notebook([notebooks.nbgrader_cell("answer", "warm", "x = 1"),
+                                    notebooks.nbgrader_cell("test", "test_warm", "assert x == 1", points=1)])
+    nb = nbformat.reads(nbformat.writes(nb), as_version=4)
+    nbformat.validate(nb)
+    MetadataValidator().validate_nb(nb)
+    feedback_warm_up()
+
+
+def time_preprocessors(spent: dict) -> None:
+    """Always-on stage timers (this process only): the seconds each nbconvert/nbgrader preprocessor
+    takes go into ``spent`` by class name; ``spent["execute_start"]`` and ``spent["execute_end"]``
+    frame the Execute step (the kernel's start, the cells and its shutdown)."""
+    from nbconvert.preprocessors.base import Preprocessor
+
+    if getattr(Preprocessor.__call__, "_kvref_timed", False):
+        return
+    plain = Preprocessor.__call__
+
+    def timed(self, nb, resources):
+        t = time.time()
+        if type(self).__name__ == "Execute":
+            spent["execute_start"] = t
+        try:
+            return plain(self, nb, resources)
+        finally:
+            name, now = type(self).__name__, time.time()
+            spent[name] = spent.get(name, 0.0) + now - t
+            if name == "Execute":
+                spent["execute_end"] = now
+
+    timed._kvref_timed = True
+    Preprocessor.__call__ = timed
+
+
+DATABASE_STEPS = ("SaveAutoGrades", "AssignLatePenalties", "OverwriteCells", "OverwriteKernelspec", "SaveCells")
+
+
+def stage_times(spent: dict, entered: float, queued: float, started: float, ended: float,
+                span: tuple[float, float] | None, marks: dict) -> dict:
+    """Where one job's seconds went, by stage (see ``bench.STAGES``); the older coarse keys
+    (to_first_cell, after_cells) are kept for grading.json's readers."""
+    exec_start, exec_end = spent.get("execute_start", ended), spent.get("execute_end", ended)
+    first, last = span or (exec_end, exec_end)
+    database = sum(spent.get(k, 0.0) for k in DATABASE_STEPS) + marks.get("scores", 0.0)
+    nbgrader = (ended - started) - (exec_end - exec_start) - sum(spent.get(k, 0.0) for k in DATABASE_STEPS)
+    return {"job_start": entered - queued, "setup": started - entered, "to_first_cell": first - started,
+            "cells": last - first, "after_cells": ended - last, "result": time.time() - ended,
+            "kernel_start": max(0.0, first - exec_start), "kernel_stop": max(0.0, exec_end - last),
+            "nbgrader": max(0.0, nbgrader), "database": database, "feedback": marks.get("feedback", 0.0)}
+
+
 def main(jobdir: Path) -> int:
     entered = time.time()
     job = json.loads((jobdir / "job.json").read_text())
@@ -186,14 +251,21 @@ def main(jobdir: Path) -> int:
         c.KernelManager.ip = str(run / "k")  # socket paths run/k-1 ... (one kernel per job)
         c.Execute.startup_timeout = int(os.environ.get("KVREF_STARTUP_TIMEOUT", 120))
         c.LimitOutput.max_lines = 2000
+        shared_engines()  # one gradebook engine for nbgrader's many opens
         course = Course(course_dir, overrides=c)
+        spent: dict = {}
+        time_preprocessors(spent)
         started = time.time()
         result = course.autograde(stem, student)
         ended = time.time()
         (jobdir / "nbgrader.log").write_text(result.get("log", "") + "\n" + str(result.get("error", "")))
-        scores = course.scores(stem).get(student)
+        marks = {}
+        found = course.submission_scores(stem, student)  # one gradebook visit: the total and every cell
+        scores = found[0] if found else None
         graded_path = course.autograded_path(stem, student)
-        if scores is None or not graded_path.is_file():
+        graded = notebooks.read(graded_path) if graded_path.is_file() else None  # read once, used in memory
+        span = cell_span(graded) if graded is not None else None
+        if scores is None or graded is None:
             log = result.get("log", "") + str(result.get("error", ""))
             status = "error"
             if "CellTimeoutError" in log or "Timeout waiting for execute reply" in log:
@@ -208,8 +280,8 @@ def main(jobdir: Path) -> int:
                 why = "nbgrader could not grade it: " + " | ".join(lines[-3:])[-300:]
             out = {"status": status, "score": 0.0, "reason": why}
         else:
-            cells = {g: (s.score, s.max_score) for g, s in course.cell_scores(stem, student).items()}
-            graded = notebooks.read(graded_path)
+            cells = {g: (s.score, s.max_score) for g, s in found[1].items()}
+            marks["scores"] = time.time() - ended
             lost, errors = lost_points(graded, cells), other_errors(graded)
             reason = "; ".join(([("lost: " + "; ".join(lost))] if lost else [])
                                + ([("errors in " + "; ".join(errors[:3]))] if errors else []))
@@ -223,16 +295,12 @@ def main(jobdir: Path) -> int:
                 out["status"] = "needs_review"
                 out["reason"] = "; ".join([f"free-text answer(s) {', '.join(out['manual'])} wait for review"]
                                           + [r for r in [reason] if r])
+            t = time.time()
             page = feedback_html(redacted, cells, f"{stem} — {student}")
             (jobdir / "feedback.html").write_text(page, encoding="utf-8")
-        # Where the time went (seconds): the job process's start (Python, imports) up to main, the
-        # course set-up, nbgrader until the first cell (its bookkeeping and the kernel's start),
-        # the cells, nbgrader after the last one (kernel shutdown, scores), and the result here.
-        span = cell_span(notebooks.read(graded_path)) if graded_path.is_file() else None
-        first, last = span or (ended, ended)
-        out["timing"] = {"job_start": entered - job.get("queued", entered), "setup": started - entered,
-                         "to_first_cell": first - started, "cells": last - first, "after_cells": ended - last,
-                         "result": time.time() - ended}
+            marks["feedback"] = time.time() - t
+        # Where the time went (seconds), by stage: see ``stage_times``.
+        out["timing"] = stage_times(spent, entered, job.get("queued", entered), started, ended, span, marks)
         (jobdir / "result.json").write_text(json.dumps(out))
         return 0
     finally:

@@ -42,10 +42,12 @@ PRELOAD = {
                "kvref.paged", "kvref.prefix", "kvref.evict", "kvref.memory", "ipykernel.kernelapp",
                "ipykernel.ipkernel", "ipykernel.zmqshell", "ipykernel.iostream", "IPython.core.interactiveshell",
                "ipywidgets"],
-    "job": ["autograder.grade.job", "nbgrader.apps", "nbgrader.converters", "nbgrader.preprocessors", "nbclient",
+    "job": ["autograder.grade.job", "autograder.grade.quick", "nbgrader.apps", "nbgrader.converters", "nbgrader.preprocessors", "nbclient",
             "jupyter_client", "jupyter_client.provisioning.local_provisioner", "sqlalchemy.dialects.sqlite",
             "nbconvert.exporters.html"],  # the feedback page
 }
+# Run once by the server after PRELOAD, before it forks (module:function): per-process caches filled.
+WARM_UP = {"job": "autograder.grade.job:warm_up"}
 SINGLE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 

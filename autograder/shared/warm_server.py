@@ -27,7 +27,7 @@ import socket
 import sys
 from pathlib import Path
 
-from autograder.shared.warm import PRELOAD, threads
+from autograder.shared.warm import PRELOAD, WARM_UP, threads
 
 def serve(kind: str, path: str) -> int:
     """Import PRELOAD[kind], listen on ``path``, fork a monitor per connection. Prints ``ready``
@@ -38,6 +38,12 @@ def serve(kind: str, path: str) -> int:
             __import__(name)
         except Exception as e:  # noqa: BLE001  (a kernel would import it later, or fail the same way)
             failed.append(f"{name}: {e}")
+    if kind in WARM_UP:
+        module, _, function = WARM_UP[kind].partition(":")
+        try:
+            getattr(__import__(module, fromlist=[function]), function)()
+        except Exception as e:  # noqa: BLE001  (the jobs fill their caches themselves, as before)
+            failed.append(f"{WARM_UP[kind]}: {e}")
     if threads() != 1:
         print(f"not ready: {threads()} threads after the imports (forking them is unsafe)", flush=True)
         return 1

@@ -36,7 +36,10 @@ def derive(source: Path, target: Path) -> Path:
     if target.is_file() and target.stat().st_mtime >= source.stat().st_mtime:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    font = TTCollection(source) if source.suffix.lower() == ".ttc" else TTFont(source)
+    # Only the character maps change: lazy loading and no recalculated bounding boxes leave every other table
+    # as raw bytes, copied through (decompiling and recompiling a CJK font's 65,535 CFF glyphs took minutes).
+    opts = dict(lazy=True, recalcBBoxes=False, recalcTimestamp=False)
+    font = TTCollection(source, **opts) if source.suffix.lower() == ".ttc" else TTFont(source, **opts)
     for face in getattr(font, "fonts", [font]):
         drop_radicals(face)
     fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".part")  # two processes may derive at once

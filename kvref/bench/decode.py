@@ -1,6 +1,6 @@
 """Decode at the limit: compiled decode, the roofline, kvref vs HF by batch, paged attention in place.
 
-    python -m kvref.bench decode [--quick] [--repeats 5] [--threads 1] [--device cpu]
+    python -m kvref.bench decode [--quick] [--repeats 5] [--threads 1] [--sections 12345] [--batches 1,4,16,64]
 
 Four tables, each measured in one process with the runs it compares interleaved (A, B, A, B, ...)
 ``--repeats`` times; the tables give the median and the spread (min-max) over the repeats:
@@ -23,7 +23,10 @@ Four tables, each measured in one process with the runs it compares interleaved 
    (``kvref.bench.step_profile``).
 
 kvref's weight layout (``kvref.layout``) is chosen for each batch before it is timed (its decode step
-at B rows is what is compared); $KVREF_LAYOUT=out_in|in_out forces one.
+at B rows is what is compared): (out, in) or (in, out) storage, or, above one row, oneDNN's packed
+copies of the weights; $KVREF_LAYOUT=out_in|in_out|onednn forces one. Section 5 prints the measured
+limits of the ratios: the ratio kvref would reach if all its work but the matrix products took no
+time, and the ratio of the matrix products alone.
 """
 
 from __future__ import annotations
@@ -245,10 +248,12 @@ def paged_in_place(device, B, S, repeats, block_size, log) -> tuple[list[list[st
     return rows, info
 
 
-def report(device: torch.device, quick: bool, repeats: int, log, sections: str = "12345") -> str:
-    """The tables as one markdown string (``sections``: which of 1-5; 1 and 2 run together)."""
+def report(device: torch.device, quick: bool, repeats: int, log, sections: str = "12345",
+           batches: tuple[int, ...] | None = None) -> str:
+    """The tables as one markdown string (``sections``: which of 1-5; 1 and 2 run together; ``batches``:
+    section 3's batch sizes, default 1, 4, 16, 64)."""
     prompt, new = 32, (8 if quick else 32)
-    batches = (1, 4) if quick else (1, 4, 16, 64)
+    batches = batches or ((1, 4) if quick else (1, 4, 16, 64))
     model, hf = gpt2_pair(0)
     if quick:  # a smoke run: 2 layers compile fast
         model = kvref.Transformer(model.cfg.with_(n_layers=2)).eval()
@@ -296,12 +301,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 5, 2 with --quick)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--sections", default="12345", help="which tables to run, e.g. 35 (default all; 1 and 2 together)")
+    ap.add_argument("--batches", default=None, help="section 3's batch sizes, e.g. 1,16 (default 1,4,16,64)")
     args = ap.parse_args(argv)
+    try:
+        batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else None
+    except ValueError:
+        ap.error(f"--batches takes batch sizes separated by commas, e.g. 1,16; got {args.batches!r}")
+    if batches and min(batches) < 1:
+        ap.error(f"--batches: every batch size must be >= 1; got {args.batches!r}")
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (2 if args.quick else 5)
     t0 = time.perf_counter()
     body = report(torch.device("cpu"), args.quick, repeats, lambda m: print(m, file=sys.stderr, flush=True),
-                  args.sections)
+                  args.sections, batches)
     print(f"\n## kvref decode benchmark (cpu: {cpu_name()}, {torch.get_num_threads()} thread(s), "
           f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{time.perf_counter() - t0:.0f} s)\n")

@@ -9,7 +9,10 @@
    GPT-2-124M-shaped one (random weights), which says what a draft may cost;
 4. kvref against Hugging Face transformers on the same weights (a tiny random Llama and a noisy copy of it):
    assisted generation (``assistant_model=``) and prompt lookup (``prompt_lookup_num_tokens=``), same tokens,
-   tokens/s.
+   tokens/s;
+5. the trained pair (``kvref.spec_pair()``): an 8-layer target and a 1-layer draft distilled from it, on held-out
+   prose: the cost of a draft step against a target step (c), then the section-1 table with the speed-up
+   (1 - a^(k+1)) / ((1 - a)(k c + 1)) predicts and the acceptance that speed-up formula needs for 1.5x.
 
 1 thread, interleaved repeats, medians (min-max in brackets where it matters).
 """
@@ -45,9 +48,29 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def predicted_speedup(a: float, k: int, c: float) -> float:
+    """Tokens per verify step over its cost in target steps, k draft steps of cost c plus one verify of cost 1
+    (Leviathan et al., 2023, https://arxiv.org/abs/2211.17192, the walltime improvement:
+    (1 - a^(k+1)) / ((1 - a)(k c + 1)))."""
+    return expected_tokens_per_step(a, k) / (k * c + 1)
+
+
+def acceptance_needed(speedup: float, k: int, c: float) -> float:
+    """The smallest a with predicted_speedup(a, k, c) >= speedup (bisection; > 1 when even a = 1 is not enough)."""
+    if predicted_speedup(1.0, k, c) < speedup:
+        return float("inf")
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted_speedup(mid, k, c) < speedup else (lo, mid)
+    return hi
+
+
 @torch.inference_mode()
-def sweep(target: Transformer, draft, ids: torch.Tensor, n_new: int, ks, repeats: int) -> list[list[str]]:
-    """One row per k: acceptance, tokens per verify step (measured, expected), tokens/s and the speed-up."""
+def sweep(target: Transformer, draft, ids: torch.Tensor, n_new: int, ks, repeats: int,
+          cost: float | None = None) -> list[list[str]]:
+    """One row per k: acceptance, tokens per verify step (measured, expected), tokens/s and the speed-up;
+    given ``cost`` (a draft step / a target step), also the predicted speed-up and the a that 1.5x needs."""
     plain = generate(target, ids, n_new).tokens
     rows = []
     for k in ks:
@@ -62,7 +85,38 @@ def sweep(target: Transformer, draft, ids: torch.Tensor, n_new: int, ks, repeats
         rows.append([str(k), f"{a:.2f}", f"{g.stats.tokens_per_forward:.2f}", f"{expected_tokens_per_step(a, k):.2f}",
                      f"{n_new / med(times['plain']):.0f}", f"{n_new / med(times['spec']):.0f}",
                      f"{med(times['plain']) / med(times['spec']):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"])
+        if cost is not None:
+            need = acceptance_needed(1.5, k, cost)
+            rows[-1] += [f"{predicted_speedup(a, k, cost):.2f}x", "> 1" if need > 1 else f"{need:.2f}"]
     return rows
+
+
+@torch.inference_mode()
+def step_cost(target: Transformer, draft: Transformer, ids: torch.Tensor, n_new: int, repeats: int) -> tuple:
+    """Seconds per token of plain greedy decoding, target and draft (medians), interleaved."""
+    times = interleave({"t": lambda: _timed(lambda: generate(target, ids, n_new)),
+                        "d": lambda: _timed(lambda: generate(draft, ids, n_new))}, repeats)
+    return med(times["t"]) / n_new, med(times["d"]) / n_new
+
+
+def pair_section(n: int, ks, repeats: int) -> list[str]:
+    """Section 5: the trained pair."""
+    from ..spec_pair import spec_pair
+
+    target, draft = spec_pair()
+    prose = torch.tensor([list(corpus.document(corpus.HELDOUT_SEED, 0, 128))])  # 128 + n + k within 256 positions
+    t_s, d_s = step_cost(target, draft, prose, n, repeats * 2)
+    c = d_s / t_s
+    rows = sweep(target, draft, prose, n, ks, repeats, cost=c)
+    best = max(rows, key=lambda r: float(r[6].split("x")[0]))
+    size = lambda m: f"{m.cfg.n_layers} layer{'s' * (m.cfg.n_layers > 1)}, d_model {m.cfg.d_model}, " \
+        f"{sum(p.numel() for p in m.parameters()) / 1e6:.2f} M parameters"
+    return [f"\n## 5. Trained pair (kvref.spec_pair): target {size(target)}; draft {size(draft)}, distilled from the "
+            "target's greedy outputs; held-out prose, prompt 128 bytes\n",
+            f"Plain greedy decoding: target {1e3 * t_s:.2f} ms/token, draft {1e3 * d_s:.2f} ms/token: "
+            f"a draft step costs c = {c:.3f} target steps\n",
+            table(HEADER + ["predicted (1 - a^(k+1)) / ((1 - a)(k c + 1))", "a needed for 1.5x"], rows),
+            f"\nBest k: {best[0]} ({best[6]})"]
 
 
 HEADER = ["k", "acceptance a", "tokens / verify step", "(1 - a^(k+1)) / (1 - a)", "plain tok/s", "speculative tok/s",
@@ -147,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ks", type=str, default="1,2,3,4,5,6,8")
-    ap.add_argument("--sections", type=str, default="1234", help="which sections to run, e.g. 4")
+    ap.add_argument("--sections", type=str, default="12345", help="which sections to run, e.g. 4")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     ks = [int(x) for x in a.ks.split(",")]
@@ -176,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     if "4" in a.sections:
         out += ["\n## 4. kvref against HF transformers, same weights (tiny random Llama), "
                 f"{n} new tokens\n"] + hf_section(n, a.repeats)
+    if "5" in a.sections:
+        out += pair_section(n, ks, a.repeats)
     print("\n".join(out))
 
 

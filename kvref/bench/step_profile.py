@@ -14,8 +14,8 @@ Used by ``python -m kvref.bench decode`` (section 5). Two tables:
   at which one core streams the model's weights (the fastest of ``sum()`` and both product orders over
   every weight in turn, as a step reads them), which bounds batch-1 decode at rate / bytes per token;
   and the fp32 GEMM rate with 16 rows on the model's own matrices (the fastest of ``x @ W.T``,
-  ``(W @ x.T).T`` with W (out, in) and ``x @ W`` with W (in, out)), which bounds batch-16 decode at 16
-  tokens per pass over the matrices.
+  ``(W @ x.T).T`` with W (out, in), ``x @ W`` with W (in, out) and oneDNN's packed product), which bounds
+  batch-16 decode at 16 tokens per pass over the matrices.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 import kvref
 from kvref.layout import choose_layout, linear_layers, set_layout
 
-MATMUL = ("aten::addmm", "aten::mm")
+MATMUL = ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise")  # the last: kvref's "onednn" choice
 ATTENTION = "aten::scaled_dot_product_attention"
 PARTS = ("block matrices", "output layer", "attention", "everything else")
 
@@ -87,8 +87,8 @@ def profile_steps(run, model: torch.nn.Module, vocab: int, steps: int) -> dict[s
 def matrix_pass(model: torch.nn.Module, rows: int) -> tuple[callable, int, int]:
     """A run returning the seconds of the fastest pass over every linear weight with ``rows`` rows; the
     FLOPs and the bytes of one pass. The forms raced: ``x @ W.T`` and ``(W @ x.T).T`` with W (out, in),
-    ``x @ W`` with W (in, out) and, for one row, a plain read ``W.sum()`` (a second copy of the weights
-    exists while this runs)."""
+    ``x @ W`` with W (in, out) and, for one row, a plain read ``W.sum()``, for more rows oneDNN's product
+    on its reordered copy of W (more copies of the weights exist while this runs)."""
     mats = [m.weight.detach() for m in linear_layers(model)]  # (out, in) as F.linear sees them
     out_in = [w.contiguous() for w in mats]
     in_out = [w.t().contiguous() for w in mats]
@@ -98,6 +98,10 @@ def matrix_pass(model: torch.nn.Module, rows: int) -> tuple[callable, int, int]:
              lambda: [xs[w.shape[0]] @ w for w in in_out]]
     if rows == 1:
         forms.append(lambda: [w.sum() for w in out_in])
+    elif torch.backends.mkldnn.is_available():  # oneDNN's kernel on its reordered copies (kvref.layout "onednn")
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w, batch_size=rows) for w in out_in]
+        forms.append(lambda: [torch.ops.mkldnn._linear_pointwise(xs[w.shape[1]], p, None, "none", [], "")
+                              for w, p in zip(out_in, packed)])
 
     def run() -> float:
         best = float("inf")
@@ -164,7 +168,7 @@ def section(model, hf, prompt: int, new: int, repeats: int, log, batches=(1, 16)
             what = "weight streaming (fastest of sum() and both product orders, all weights in turn)"
         else:  # B tokens per pass over the matrices
             rate, bound = f"{flops / med(t['probe']) / 1e9:.0f} GFLOP/s", t["probe"]
-            what = f"fp32 GEMM, {B} rows, the model's matrices (fastest of three forms)"
+            what = f"fp32 GEMM, {B} rows, the model's matrices (fastest of the dense forms and oneDNN's packed one)"
         row = [f"B={B}", what, rate, f"{B / med(bound):.1f}"]
         for side in ("kvref", "HF"):
             row += [f"{B / med(t[side]):.1f}", f"{med(bound) / med(t[side]):.0%}"]
@@ -173,7 +177,17 @@ def section(model, hf, prompt: int, new: int, repeats: int, log, batches=(1, 16)
     rows = [[part] + [f"{1e3 * prof[B][side][part]:.2f}" for B in batches for side in ("kvref", "HF")]
             for part in PARTS]
     rows.append(["step"] + [f"{1e3 * sum(prof[B][side].values()):.2f}" for B in batches for side in ("kvref", "HF")])
-    return [table(head, rows), "", "kvref's weight layout, chosen by timing one pass over its linear weights: "
+    gemm = ("block matrices", "output layer")
+    bounds = []
+    for B in batches:
+        k, h = prof[B]["kvref"], prof[B]["HF"]
+        kg, hg = sum(k[p] for p in gemm), sum(h[p] for p in gemm)
+        bounds.append([f"B={B}", f"{sum(h.values()) / sum(k.values()):.2f}x", f"{sum(h.values()) / kg:.2f}x",
+                       f"{hg / kg:.2f}x", f"{kg / sum(k.values()):.0%} / {hg / sum(h.values()):.0%}"])
+    bound_table = table(["batch", "HF step / kvref step (profiled)", "bound: HF step / kvref's matrix products "
+                         "(kvref's other work at zero)", "HF's matrix products / kvref's", "matrix share kvref / HF"],
+                        bounds)
+    return [table(head, rows), "", bound_table, "", "kvref's weight layout, chosen by timing one pass over its linear weights: "
             + "; ".join(layouts) + ". HF's GPT-2 Conv1D weights are (in, out); its lm_head is (out, in).", "",
             table(["batch", "limit", "measured", "bound tok/s", "kvref decode tok/s", "kvref / bound",
                    "HF decode tok/s", "HF / bound"], limits), ""]
