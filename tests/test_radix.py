@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -141,9 +140,9 @@ def test_a_model_the_engine_cannot_page_is_refused():
                             layer_types=("sliding", "linear"), sliding_window=8, linear_num_key_heads=2,
                             linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
                             linear_conv_kernel_dim=4)
-    fake = SimpleNamespace(cfg=cfg, dtype=torch.float32, device=torch.device("cpu"))  # kvref cannot build it
+    model = kvref.Transformer(cfg).eval()  # kvref runs linear layers (kvref.linear_attn); the engine cannot page them
     with pytest.raises(ValueError, match=r"layer_types\[1\] = 'linear': the paged engine cannot page this kind"):
-        Engine(fake, num_blocks=8, block_size=4, prefix_caching="radix")
+        Engine(model, num_blocks=8, block_size=4, prefix_caching="radix")
 
 
 # -- the tree's page inside the cache's blocks (Engine(..., prefix_caching="radix", page_size=...)) ------

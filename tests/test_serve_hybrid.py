@@ -10,7 +10,6 @@ out by hand in the comments, never read from the code under test.
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -194,10 +193,10 @@ def test_a_kind_the_engine_cannot_page_is_refused():
     cfg = kvref.ModelConfig(**BASE, n_layers=2, n_kv_heads=2, layer_types=("full", "linear"),
                             linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
                             linear_value_head_dim=8, linear_conv_kernel_dim=4)
-    fake = SimpleNamespace(cfg=cfg, dtype=torch.float32, device=torch.device("cpu"))  # kvref cannot build it
+    model = kvref.Transformer(cfg).eval()  # kvref runs linear layers (kvref.linear_attn); the engine cannot page them
     with pytest.raises(ValueError, match=r"layer_types\[1\] = 'linear': the paged engine cannot page this kind; "
                                          r"it pages full, sliding, latent and shared:j layers"):
-        Engine(fake, num_blocks=8, block_size=4)
+        Engine(model, num_blocks=8, block_size=4)
 
 
 def test_engine_equals_hf_generate_on_gemma3(tmp_path):
