@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 
 import pytest
 import torch
 
 import kvref
+
+# The autograder remembers passed canaries and course set-ups (autograder/grade/remember.py), by default in
+# ~/.cache. The tests keep them in a folder of their own run (shared by its xdist workers), so a run never
+# reads what an earlier run left and never writes to the user's home.
+os.environ.setdefault("KVREF_CANARY_CACHE", os.path.join(
+    tempfile.gettempdir(), f"kvref-canary-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
