@@ -37,7 +37,7 @@ from . import corpus
 from .config import ModelConfig
 from .generate import generate
 from .model import Transformer
-from .train import DATA, TINY_CONFIG, tiny_model, train
+from .train import DATA, TINY_CONFIG, tiny_model, train, update
 
 TARGET_CKPT = DATA / "spec_target.safetensors"
 DRAFT_CKPT = DATA / "spec_draft.safetensors"
@@ -103,11 +103,7 @@ def train_draft(target: Transformer, steps: int = 800, n_batches: int = 32, batc
         idx = torch.randint(0, data.shape[0], (batch,), generator=g)
         logits = student(data[idx, :-1])  # (B, S - 1, V)
         loss = distill_loss(logits.flatten(0, 1), teacher[idx].flatten(0, 1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        update(student, opt, sched, loss)
         done = step + 1
         if done % log_every == 0 or done == steps:
             lines.append(f"step {done:5d}  loss {loss.item():.4f}  wall {time.time() - t0:6.1f}s")

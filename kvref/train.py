@@ -109,6 +109,15 @@ def _cpu_minutes(c0: float, threads: int) -> float:
     return (time.process_time() - c0) / 60 / threads
 
 
+def update(model: torch.nn.Module, opt: torch.optim.Optimizer, sched, loss: torch.Tensor) -> None:
+    """One training step: gradients of ``loss``, their norm clipped to 1, then the optimizer and the schedule."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+
+
 def train(steps: int = 3600, batch_size: int = 16, lr: float = 1e-3, seed: int = 0,
           phase1_steps: int = 2000, phase1_len: int = 128, batch2: int = 4, lr2: float = 1e-3, repeat_every: int = 4,
           answer_weight: float = 5.0, max_minutes: float = 15.0, out: Path = CKPT, threads: int = 1,
@@ -167,11 +176,7 @@ def train(steps: int = 3600, batch_size: int = 16, lr: float = 1e-3, seed: int =
         logits = model(x[:, :-1])  # (B, T, V)
         nll = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="none")  # (B * T,)
         loss = (nll * weight.flatten()).sum() / weight.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        update(model, opt, sched, loss)
         done = step + 1
         lv = loss.item()
         ema = lv if ema is None else 0.9 * ema + 0.1 * lv
