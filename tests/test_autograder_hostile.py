@@ -453,8 +453,13 @@ def test_fallback_without_namespaces_is_reported(batch, tmp_path, monkeypatch):
 
 
 def test_wall_clock_limit_per_notebook(batch, tmp_path):
+    # A notebook whose every cell is within the per-cell limit (15 s) but which runs 3 s in all: only the
+    # per-notebook limit (1 s) can stop it. (The good notebook alone no longer takes a second: warm kernels.)
     subs = tmp_path / "subs"
-    shutil.copytree(batch["subs"] / "good", subs / "good")
+    good = nbs.read(batch["subs"] / "good" / f"{STEM}.ipynb")
+    (subs / "slow").mkdir(parents=True)
+    nbformat.write(with_answer(good, "square", "import time\ntime.sleep(3)\n\ndef square(x):\n    return x * x"),
+                   str(subs / "slow" / f"{STEM}.ipynb"))
     settings = Settings(**dict(SETTINGS, notebook_timeout=1))
     assert grade_batch(subs, tmp_path / "out", batch["solutions"], workers=1, settings=settings,
                        notebook_names=[STEM], say=lambda m: None, canary=False) == 0
