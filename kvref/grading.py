@@ -283,13 +283,18 @@ def speedup(fast: Callable[[], object], slow: Callable[[], object], repeats: int
 
 
 def assert_faster(fast: Callable[[], object], slow: Callable[[], object], at_least: float, repeats: int = 5,
-                  what: str = "the cached version") -> float:
-    """The ratio is generous on purpose: a correct solution is many times faster than ``at_least``."""
-    ratio = speedup(fast, slow, repeats)
-    if ratio < at_least:
-        raise AssertionError(f"{what} is only {ratio:.2f}x faster than the baseline; expected at least "
-                             f"{at_least:g}x. Is work repeated on every step?")
-    return ratio
+                  what: str = "the cached version", rounds: int = 3) -> float:
+    """The ratio is generous on purpose: a correct solution is many times faster than ``at_least``.
+
+    A ratio under ``at_least`` is measured again, up to ``rounds`` times in all, before it fails: a burst of
+    load from another process (a compiler's workers, say) can slow every fast run of one round, but not of
+    every round, while an answer that repeats work stays slow in all of them."""
+    for _ in range(rounds):
+        ratio = speedup(fast, slow, repeats)
+        if ratio >= at_least:
+            return ratio
+    raise AssertionError(f"{what} is only {ratio:.2f}x faster than the baseline in each of {rounds} rounds; "
+                         f"expected at least {at_least:g}x. Is work repeated on every step?")
 
 
 def _resolve(target: str) -> tuple[object, str]:
