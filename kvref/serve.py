@@ -175,9 +175,10 @@ class Engine:
         if total > cfg.max_seq_len:
             raise ValueError(f"request {req.rid!r}: prompt ({len(req.prompt)}) + max_new_tokens ({req.max_new_tokens}) "
                              f"= {total} exceeds max_seq_len={cfg.max_seq_len}")
-        blocks = -(-(total - 1) // pool.block_size)  # the last new token is never fed back, so never stored
         if isinstance(self.cache, PagedHybridCache):  # a block table per group of layers
             blocks = self.cache.max_blocks(total - 1)
+        else:  # the last new token is never fed back, so never stored
+            blocks = -(-(total - 1) // pool.block_size)
         if blocks > pool.num_blocks:
             raise ValueError(f"request {req.rid!r} needs up to {blocks} blocks of {pool.block_size} tokens but the "
                              f"whole pool has {pool.num_blocks}: it could never run; shorten it or grow the pool")
