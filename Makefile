@@ -110,7 +110,7 @@ test: export MPLBACKEND := Agg
 # js: the CJK font (fetched where the system has none) before any test draws or prints Chinese; the tests run in
 # parallel, so the book build inside them may come later.
 test: prerequisites $(STAMP) js
-	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # Student notebooks: solutions/NN_topic.ipynb -> notebooks/NN_topic.ipynb (nbgrader generate_assignment).
 release: $(STAMP)

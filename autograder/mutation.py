@@ -4,9 +4,9 @@ Every mutant of every answer cell (``mutants.py``) is graded in-process with the
 source's own test cells, visible and hidden, as nbgrader would run them: cells in order, errors in
 ordinary cells do not stop the run, a test cell that raises or writes to stderr loses its points.
 
-Speed: one walker process runs the notebook top to bottom once; when it reaches an answer cell it
-forks one child per mutant, which runs the mutated cell and the rest of the notebook and stops at
-the first test cell that fails. The prefix is never recomputed, and every mutant starts from a copy
+Speed: one walker process runs the notebook top to bottom once (which is also the check that the
+solution passes); when it reaches an answer cell it forks one child per mutant, which runs the mutated
+cell and the rest of the notebook and stops at the first test cell that fails. The prefix is never recomputed, and every mutant starts from a copy
 of exactly the state the real cell would see.
 
 A mutant is *killed* when some test cell fails (it loses points), *survived* when all pass, and
@@ -89,26 +89,25 @@ def _run_cell(source: str, ns: dict, graded: bool) -> str | None:
     return failure if graded or failure is None else None
 
 
-def _run_from(cells: list, start: int, ns: dict, first_source: str | None) -> str | None:
-    """Run cells[start:] (the first one with ``first_source`` instead of its own); the first failing
+def _run_from(cells: list, start: int, ns: dict, replaced: dict[int, str]) -> str | None:
+    """Run cells[start:] (those in ``replaced`` with its source instead of their own); the first failing
     test cell as "grade_id: why", or None if every test cell passes."""
     for i in range(start, len(cells)):
         cell = cells[i]
         if cell.cell_type != "code":
             continue
-        source = first_source if i == start and first_source is not None else cell.source
-        why = _run_cell(source, ns, nbs.is_test(cell))
+        why = _run_cell(replaced.get(i, cell.source), ns, nbs.is_test(cell))
         if why is not None:
             return f"{nbs.grade_id(cell)}: {why}"
     return None
 
 
-def _child(cells, start, ns, source, write_fd) -> None:
+def _child(cells, start, ns, replaced, write_fd) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     try:
-        why = _run_from(cells, start, ns, source)
+        why = _run_from(cells, start, ns, replaced)
         os.write(write_fd, json.dumps({"failed": why}).encode())
     finally:
         os._exit(0)
@@ -136,12 +135,12 @@ def _wait(pid: int, read_fd: int, timeout: float) -> dict:
         return {"failed": f"the run died (status {status})"}
 
 
-def _fork_run(cells, start, ns, source, timeout) -> dict:
+def _fork_run(cells, start, ns, replaced, timeout) -> dict:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        _child(cells, start, ns, source, w)
+        _child(cells, start, ns, replaced, w)
     os.close(w)
     try:
         return _wait(pid, r, timeout)
@@ -149,8 +148,9 @@ def _fork_run(cells, start, ns, source, timeout) -> dict:
         os.close(r)
 
 
-def _walker(source_nb, todo: dict[int, list[Mutant]], timeout: float, out_fd: int, say) -> None:
-    """Run the notebook once; at each answer cell with mutants fork one run per mutant."""
+def _walker(source_nb, todo: dict[int, list[tuple[str, dict[int, str]]]], timeout: float, out_fd: int) -> None:
+    """Run the notebook once, as the autograder would (its verdict is the baseline, reported last); before a
+    cell that variants change, fork one run of each variant from there."""
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch  # noqa: PLC0415  (only in the walker: the command itself stays light)
     torch.set_num_threads(1)
@@ -158,28 +158,31 @@ def _walker(source_nb, todo: dict[int, list[Mutant]], timeout: float, out_fd: in
     sys.modules["__main__"] = main
     ns = main.__dict__
     cells = source_nb.cells
-    t0 = time.monotonic()
-    base = _fork_run(cells, 0, ns, None, timeout)
-    os.write(out_fd, (json.dumps({"baseline": base, "seconds": time.monotonic() - t0}) + "\n").encode())
-    if base["failed"]:
-        return
+    t0, base = time.monotonic(), None
     for i, cell in enumerate(cells):
-        for m in todo.get(i, []):
-            t0 = time.monotonic()
-            res = _fork_run(cells, i, ns, m.source, timeout)
-            res.update(key=m.key, seconds=round(time.monotonic() - t0, 2))
+        for key, replaced in todo.get(i, []):
+            t1 = time.monotonic()
+            res = _fork_run(cells, i, ns, replaced, timeout)
+            res.update(key=key, seconds=round(time.monotonic() - t1, 2))
             os.write(out_fd, (json.dumps(res) + "\n").encode())
+            t0 += time.monotonic() - t1  # the baseline's own time excludes its variants'
         if cell.cell_type == "code":
-            _run_cell(cell.source, ns, False)
+            why = _run_cell(cell.source, ns, nbs.is_test(cell))
+            if why is not None and base is None:
+                base = f"{nbs.grade_id(cell)}: {why}"
+    os.write(out_fd, (json.dumps({"baseline": {"failed": base}, "seconds": time.monotonic() - t0}) + "\n").encode())
 
 
-def grade_mutants(source_nb, mutants: list[tuple[int, Mutant]], timeout: float = 300,
-                  say=print) -> dict[str, str | None]:
-    """{mutant key: the first failing test cell, or None if it passes every test}, graded in-process.
-    Raises if the unmutated solution does not pass every test in-process."""
-    todo: dict[int, list[Mutant]] = {}
-    for i, m in mutants:
-        todo.setdefault(i, []).append(m)
+def grade_variants(source_nb, variants: dict[str, dict[int, str]], timeout: float = 300,
+                   say=print) -> dict[str, str | None]:
+    """{name: the first failing test cell, or None if it passes every test} for variants of an instructor
+    source, each {cell index: its new source} (a mutant, or a wrong answer changing several cells), graded
+    in-process. Raises if the source itself does not pass every test in-process."""
+    todo: dict[int, list[tuple[str, dict[int, str]]]] = {}
+    for key, replaced in variants.items():
+        if not replaced:
+            raise ValueError(f"{key}: a variant changes at least one cell")
+        todo.setdefault(min(replaced), []).append((key, replaced))
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -187,29 +190,56 @@ def grade_mutants(source_nb, mutants: list[tuple[int, Mutant]], timeout: float =
         code = 0
         try:
             with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-                _walker(source_nb, todo, timeout, w, say)
+                _walker(source_nb, todo, timeout, w)
         except BaseException:  # noqa: BLE001
             code = 1
         finally:
             os._exit(code)
     os.close(w)
     verdicts: dict[str, str | None] = {}
+    baseline = None
     with os.fdopen(r, "rb") as pipe:
         for line in pipe:
             msg = json.loads(line)
             if "baseline" in msg:
-                if msg["baseline"]["failed"]:
-                    os.waitpid(pid, 0)
-                    raise RuntimeError(f"the solution itself fails in-process: {msg['baseline']['failed']}")
-                say(f"  solution passes in-process in {msg['seconds']:.1f} s; {len(mutants)} mutants")
+                baseline = msg
                 continue
             verdicts[msg["key"]] = msg["failed"]
             say(f"  {'killed  ' if msg['failed'] else 'SURVIVED'} {msg['seconds']:6.1f} s  {msg['key']}")
     os.waitpid(pid, 0)
-    missing = [m.key for _, m in mutants if m.key not in verdicts]
-    for key in missing:
-        verdicts[key] = "the walker stopped before this mutant"
+    if baseline is None:
+        raise RuntimeError("the in-process run of the solution stopped before its end")
+    if baseline["baseline"]["failed"]:
+        raise RuntimeError(f"the solution itself fails in-process: {baseline['baseline']['failed']}")
+    say(f"  solution passes in-process in {baseline['seconds']:.1f} s; {len(variants)} variants")
+    for key in variants:
+        verdicts.setdefault(key, "the walker stopped before this variant")
     return verdicts
+
+
+def answer_variants(source_nb, answers: dict, kind: str = "wrong answer") -> tuple[dict[str, dict[int, str]], dict[str, str]]:
+    """The variants of an instructor source that tests/wrong_answers/NN_topic.py (or right_answers/) describe,
+    {name: {cell index: new source}}, and {name: why it does not apply} for those whose text is not there."""
+    variants, errors = {}, {}
+    for name, subs in answers.items():
+        try:
+            changed = nbs.apply_wrong(source_nb, subs, f"{kind} {name!r}")
+        except ValueError as e:
+            errors[name] = str(e)
+            continue
+        variants[name] = {i: c.source for i, (c, old) in enumerate(zip(changed.cells, source_nb.cells))
+                          if c.source != old.source}
+        if not variants[name]:
+            errors[name] = f"{kind} {name!r} leaves every cell as it was"
+            del variants[name]
+    return variants, errors
+
+
+def grade_mutants(source_nb, mutants: list[tuple[int, Mutant]], timeout: float = 300,
+                  say=print) -> dict[str, str | None]:
+    """{mutant key: the first failing test cell, or None if it passes every test}, graded in-process.
+    Raises if the unmutated solution does not pass every test in-process."""
+    return grade_variants(source_nb, {m.key: {i: m.source} for i, m in mutants}, timeout, say)
 
 
 def grade_cells(source_nb, tests: set[str] | None = None, timeout: float = 300) -> dict[str, bool]:

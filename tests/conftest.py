@@ -14,6 +14,13 @@ import torch
 
 import kvref
 
+# One intra-op thread per test process: `make test` runs two workers on two cores, the models here are tiny (a
+# thread's start-up costs more than it saves) and two workers' OpenMP threads, which spin while they wait, slow
+# each other down many times over when the cores are oversubscribed (an engine test: 1 s alone, 25 s beside a
+# busy worker). The kernels and scripts the tests start inherit the same (unless the caller set it); tests about
+# threads set their own.
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The autograder remembers passed canaries and course set-ups (autograder/grade/remember.py), by default in
 # ~/.cache. The tests keep them in a folder of their own run (shared by its xdist workers), so a run never
 # reads what an earlier run left and never writes to the user's home.
@@ -21,14 +28,43 @@ os.environ.setdefault("KVREF_CANARY_CACHE", os.path.join(
     tempfile.gettempdir(), f"kvref-canary-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"))
 
 
+# The order in which the two workers of `make test` take the groups (pytest-xdist `--dist loadgroup` with
+# `--no-loadscope-reorder`: a worker that runs low on tests takes the next group of the collection). The book build
+# (~9 min of one core) and the graded class go first, one to each worker; the files that take longest next, so
+# that short ones fill the ends; the tests that read the built book last, one group per file, so that either worker
+# can take them once the book is there (a worker that gets there first waits on the build's lock).
+BOOK_BUILD = "tests/test_book_offline.py"  # its tests that read the book are the group that builds it
+FIRST = [BOOK_BUILD + "@built_book", "tests/test_pipeline.py"]
+SLOW_FILES = ["tests/test_slurm.py", "tests/test_warm_kernels.py", "tests/test_autograder_hostile.py",
+              "tests/test_mutants.py", "tests/test_serve_hybrid.py", "tests/test_grading.py",
+              "tests/test_student_edition.py", "tests/test_course_loop.py", "tests/test_i18n.py"]
+BOOK_READERS = ["tests/test_pdf.py", "tests/test_i18n.py", "tests/test_pipeline.py", "tests/test_book_pages.py"]
+
+
+def xdist_group_of(item) -> str:
+    """The xdist group of a test: its file, or '<file>@built_book' for a test that reads the built book."""
+    path = item.nodeid.split("::")[0]
+    return f"{path}@built_book" if "built_book" in getattr(item, "fixturenames", ()) else path
+
+
+def group_rank(group: str) -> tuple[int, int]:
+    if group in FIRST:
+        return 0, FIRST.index(group)
+    path, _, book = group.partition("@")
+    if book:
+        return 3, BOOK_READERS.index(path) if path in BOOK_READERS else len(BOOK_READERS)
+    return (1, SLOW_FILES.index(path)) if path in SLOW_FILES else (2, 0)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
     """Under `make test` (pytest-xdist, `--dist loadgroup`) the tests run in groups, one group at a time per
-    worker: every test that reads the built book in one group (the book is built once, by that worker), every
-    other test with the rest of its file (a file's module fixtures, e.g. a graded class, are made once)."""
+    worker: a file's tests together (its module fixtures, e.g. a graded class, are made once), those of a file
+    that read the built book apart from the rest; the groups in the order above (a stable sort: the collection's
+    order within each rank)."""
     for item in items:
-        group = "built_book" if "built_book" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+    items.sort(key=lambda item: group_rank(xdist_group_of(item)))
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

@@ -6,13 +6,19 @@ For every solutions/NN_topic.ipynb:
   - no solution line and no hidden test appears in notebooks/ or in the built book;
   - the solution, submitted as a student, runs top to bottom and gets full marks;
   - the released notebook, submitted untouched, gets zero;
-  - every wrong answer in tests/wrong_answers/NN_topic.py loses points (and there are >= 3).
+  - every wrong answer in tests/wrong_answers/NN_topic.py loses points (and there are >= 3), and every correct
+    alternative in tests/right_answers/NN_topic.py keeps full marks.
 Plus a self-test assignment written here (the stderr rule, forbid and time limits inside a real
 kernel) and `make grade` on a tiny submissions folder.
 
-Everything is autograded once, by the module fixture `graded`: one course directory, all
-"students" (the solution, the release, each wrong answer) submitted together and graded by
-parallel workers; the tests below only read its results.
+Everything is graded once, by the module fixture `graded`; the tests below only read its results.
+  - nbgrader (autograde in a kernel): one course directory, where the solution, the release, every correct
+    alternative and the first NBGRADER_WRONG wrong answers of each chapter are submitted together and graded by
+    parallel workers;
+  - in-process (autograder.mutation.grade_variants, the grader of the mutation sweep): every wrong answer, the
+    instructor source run once per chapter (it must pass every test there too) and forked at the first cell an
+    answer changes. This is how each wrong answer is shown to lose points; on those graded both ways the two
+    graders must agree (KVREF_ALL_WRONG=1 sends every wrong answer through nbgrader as well).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from nbformat.v4 import new_markdown_cell
 from autograder import Course, cell_timeout, solution_files
 from autograder.shared import notebooks as nbs
 from autograder.commands import STEM_RE, build_releases
+from autograder.mutation import answer_variants, grade_variants
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "solutions"
@@ -49,6 +56,8 @@ STEMS = sorted(s for s in solution_files(SOLUTIONS)
                if not os.environ.get("KVREF_STEMS") or s in os.environ["KVREF_STEMS"].split(","))
 SELFTEST = "zz_selftest"
 MIN_WRONG = 3
+# Wrong answers per chapter that nbgrader grades too (the first ones of the file); the rest only in-process.
+NBGRADER_WRONG = 10**6 if os.environ.get("KVREF_ALL_WRONG") else 1
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
@@ -156,6 +165,8 @@ class Graded:
     generate_errors: dict = field(default_factory=dict)  # stem -> why nbgrader could not release it
     scores: dict = field(default_factory=dict)  # stem -> {student: Score}, read once from the gradebooks
     durations: dict = field(default_factory=dict)  # (stem, student) -> seconds of autograde (estimated)
+    inprocess: dict = field(default_factory=dict)  # stem -> {student: first failing test cell, or None}
+    inprocess_errors: dict = field(default_factory=dict)  # stem -> why the in-process grading of it failed
     seconds: float = 0.0
     submissions: int = 0
 
@@ -187,9 +198,9 @@ def graded(tmp_path_factory) -> Graded:
         course.submit(stem, "solution", solved)
         course.submit(stem, "released", base)
         if isinstance(WRONG[stem], dict):
-            for name, subs in WRONG[stem].items():
+            for name in through_nbgrader(stem):
                 try:
-                    course.submit(stem, student_id(name), nbs.apply_wrong(solved, subs, name))
+                    course.submit(stem, student_id(name), nbs.apply_wrong(solved, WRONG[stem][name], name))
                 except ValueError as e:
                     result.setup_errors[(stem, student_id(name))] = str(e)
         if isinstance(RIGHT[stem], dict):  # correct alternatives, graded in the same batch
@@ -204,8 +215,12 @@ def graded(tmp_path_factory) -> Graded:
     result.seconds = time.perf_counter() - t0
     result.scores = {stem: course.scores(stem) for stem in course.stems}
     result.durations = course.durations()
+    t0 = time.perf_counter()
+    grade_in_process(result)
+    t_inprocess = time.perf_counter() - t0
     lines = [f"[pipeline] generate_assignment x{len(course.stems)}: {t_generate:.0f} s; autograde of "
-             f"{result.submissions} submissions by {WORKERS} worker(s): {result.seconds:.0f} s"]
+             f"{result.submissions} submissions by {WORKERS} worker(s): {result.seconds:.0f} s; in-process grading "
+             f"of {sum(map(len, result.inprocess.values()))} answers: {t_inprocess:.0f} s"]
     for stem in course.stems:
         times = [t for (s, _), t in result.durations.items() if s == stem]
         if times:
@@ -213,6 +228,33 @@ def graded(tmp_path_factory) -> Graded:
                          f"solution {result.durations.get((stem, 'solution'), float('nan')):.1f} s")
     print("\n" + "\n".join(lines))
     return result
+
+
+def through_nbgrader(stem: str) -> list[str]:
+    """The wrong answers of ``stem`` that nbgrader grades as well as the in-process grader."""
+    return list(WRONG[stem])[:NBGRADER_WRONG] if isinstance(WRONG[stem], dict) else []
+
+
+def grade_in_process(result: Graded) -> None:
+    """Every wrong answer of every chapter, graded in-process against the instructor source (hidden
+    tests included, as nbgrader grades): {student id: the first failing test cell, or None}."""
+    for stem in result.fresh:
+        source = nbs.read(SOLUTIONS / f"{stem}.ipynb")
+        variants = {}
+        if isinstance(WRONG[stem], dict):
+            found, errors = answer_variants(source, WRONG[stem])
+            variants = {student_id(name): v for name, v in found.items()}
+            result.setup_errors |= {(stem, student_id(name)): e for name, e in errors.items()}
+        try:
+            result.inprocess[stem] = grade_variants(source, variants, timeout=cell_timeout(), say=lambda _: None)
+        except Exception as e:  # reported by the tests of this chapter; the other chapters go on
+            result.inprocess_errors[stem] = f"in-process grading of solutions/{stem}.ipynb failed: {e}"
+
+
+def in_process(graded: Graded, stem: str, student: str) -> str | None:
+    """The in-process verdict: the first test cell the answer fails ("grade_id: why"), or None."""
+    assert stem not in graded.inprocess_errors, graded.inprocess_errors[stem]
+    return graded.inprocess[stem][student]
 
 
 def released(graded: Graded, stem: str):
@@ -374,9 +416,13 @@ def test_enough_wrong_answers(stem):
 def test_wrong_answer_loses_points(graded, stem, name):
     error = graded.setup_errors.get((stem, student_id(name)))
     assert error is None, f"tests/wrong_answers/{stem}.py: {error}"
-    s = score(graded, stem, student_id(name))
-    auto = auto_points(stem)  # a free-text answer is never auto-graded
-    assert s.score < auto, f"wrong answer {name!r} got full marks ({s.score:g}): no test catches it"
+    failed = in_process(graded, stem, student_id(name))
+    assert failed is not None, f"wrong answer {name!r} passes every test (graded in-process): no test catches it"
+    if name in through_nbgrader(stem):  # the same verdict from nbgrader in a kernel
+        s = score(graded, stem, student_id(name))
+        auto = auto_points(stem)  # a free-text answer is never auto-graded
+        assert s.score < auto, (f"wrong answer {name!r} got full marks ({s.score:g}) from nbgrader, although it "
+                                f"fails {failed} in-process")
 
 
 @pytest.mark.parametrize("stem", STEMS)
@@ -441,3 +487,15 @@ def test_make_grade(graded, tmp_path):
     for student in ("alice", "bob"):
         page = out / "feedback" / student / f"{stem}.html"
         assert page.is_file() and page.stat().st_size > 0, f"missing {page}"
+
+
+def test_explain_quotes_nbgraders_log_for_an_ungraded_submission(tmp_path):
+    # A submission nbgrader could not process has no autograded notebook: the failure message must carry what
+    # nbgrader's log of that batch says about it (from its start to the next submission's), not a bare "missing".
+    course = Course(tmp_path / "course")
+    course._results = {"ps": [{"log": "[AutogradeApp | INFO] Autograding submitted/alice/ps\n"
+                                      "[AutogradeApp | ERROR] There was an error processing: kernel died\n"
+                                      "[AutogradeApp | INFO] Autograding submitted/bob/ps\nbob was fine\n"}]}
+    text = course.explain("ps", "alice")
+    assert "no autograded notebook" in text and "kernel died" in text and "bob was fine" not in text
+    assert "does not name it" in course.explain("ps", "carol")

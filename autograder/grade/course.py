@@ -200,6 +200,7 @@ class Course:
                     out[stem] = [self.autograde(stem)]
                     if feedback:
                         self.generate_feedback(stem)
+            self._results = out
             return out
         shards = [jobs[k::workers] for k in range(workers)]
         clones = [self._clone(k, shard) for k, shard in enumerate(shards)]
@@ -212,6 +213,7 @@ class Course:
         for result in results:
             for stem, r in result.items():
                 out.setdefault(stem, []).append(r)
+        self._results = out
         return out
 
     def _clone(self, k: int, shard: list[tuple[str, str]]) -> Path:
@@ -286,7 +288,8 @@ class Course:
         stderr output it produced, and any other cell that raised. For test failure messages."""
         path = self.autograded_path(stem, student)
         if not path.is_file():
-            return f"{student}: no autograded notebook (nbgrader could not process the submission)"
+            return (f"{student}: no autograded notebook (nbgrader could not process the submission)"
+                    + self._log_about(stem, student, limit))
         nb = notebooks.read(path)
         lost = {g: s for g, s in self.cell_scores(stem, student).items() if s.score < s.max_score}
         lines = []
@@ -305,6 +308,22 @@ class Course:
                 lines.append(head + (": " + " | ".join(problems) if problems else ""))
         text = "\n".join(lines) or "no cell lost points"
         return text if len(text) <= limit else text[:limit] + " ..."
+
+
+    def _log_about(self, stem: str, student: str, limit: int) -> str:
+        """What nbgrader's log of the last ``autograde_all`` says about one submission (the lines from where
+        its grading starts to where the next one starts), for ``explain``."""
+        found = []
+        for result in getattr(self, "_results", {}).get(stem, []):
+            lines = f"{result.get('log') or ''}\n{result.get('error') or ''}".splitlines()
+            starts = [i for i, line in enumerate(lines) if student in line]
+            if starts:
+                nxt = [i for i, line in enumerate(lines) if i > starts[0] and "Autograding" in line and student not in line]
+                found += lines[starts[0]:nxt[0] if nxt else len(lines)]
+        text = "\n".join(found)
+        if not text:
+            return "; nbgrader's log does not name it"
+        return ":\n" + (text if len(text) <= limit else "... " + text[-limit:])
 
 
 def _grade_clone(root: str, feedback: bool, threads: int) -> dict[str, dict]:
