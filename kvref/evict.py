@@ -175,9 +175,13 @@ class _EvictingCache(DynamicCache):
         real_kept = None
         for layer in range(len(self.k)):
             idx = self._keep(layer)  # (B, H_kv, budget)
-            gather = idx[..., None].expand(-1, -1, -1, self.k[layer].shape[-1])
-            self.k[layer] = self.k[layer].gather(2, gather)
-            self.v[layer] = self.v[layer].gather(2, gather)
+            B, H_kv = idx.shape[:2]
+            row = torch.arange(B, device=idx.device)[:, None, None]
+            head = torch.arange(H_kv, device=idx.device)[None, :, None]
+            # Each kept slot's whole D-vector: indexing copies the same numbers as a gather along S
+            # with idx expanded over D, about twice as fast on a CPU.
+            self.k[layer] = self.k[layer][row, head, idx]  # (B, H_kv, budget, D)
+            self.v[layer] = self.v[layer][row, head, idx]
             self._kept(layer, idx)
             if real_kept is None:
                 # Padding is never preferred over a real token, so every head of every layer keeps

@@ -72,10 +72,10 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, dim: int) -> tuple[tor
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int, dim: int) -> torch.Tensor:
     """Inverse of ``quantize`` (up to the rounding error): codes * scale + zero, in scale's dtype."""
     dim = dim % codes.dim()
-    out_dtype = zero.dtype
-    scale = scale.float().repeat_interleave(group_size, dim=dim)
-    zero = zero.float().repeat_interleave(group_size, dim=dim)
-    return (codes.float() * scale + zero).to(out_dtype)
+    g = codes.float().unflatten(dim, (-1, group_size))  # group members along dim + 1
+    x_hat = g * scale.float().unsqueeze(dim + 1)  # each group's scale and zero broadcast over it
+    x_hat += zero.float().unsqueeze(dim + 1)
+    return x_hat.flatten(dim, dim + 1).to(zero.dtype)
 
 
 def fp8_scale(x: torch.Tensor, fmt: str = "e4m3", dim: int | None = None) -> torch.Tensor:

@@ -52,10 +52,34 @@ class SimulatedQuantCache(KVCache):
             raise QuantizationError(f"group_size must be >= 1 and residual >= 0; got {group_size!r}, {residual!r}")
         self.fmt, self.G, self.residual, self.keys, self.fp8_scales = fmt, group_size, residual, keys, fp8_scales
         self.step = 1 if fmt.startswith("fp8") else group_size  # fp8 needs no group: each token leaves at once
-        self.k_old: list[torch.Tensor] = []  # per layer (B, H_kv, N_q, D): quantized, then dequantized
-        self.v_old: list[torch.Tensor] = []
-        self.k_res: list[torch.Tensor] = []  # per layer (B, H_kv, r, D): exact
-        self.v_res: list[torch.Tensor] = []
+        self._init_store()
+
+    def _init_store(self) -> None:
+        # Per layer one buffer (B, H_kv, capacity, D) for K and one for V: slots [0, n_q) hold the quantized
+        # tokens (dequantized), [n_q, S) the exact residual. New rows are written in place and attention reads
+        # a view of the first S slots (the same numbers a torch.cat would give, without copying all S rows
+        # every step); the capacity doubles when full.
+        self.k_buf: list[torch.Tensor] = []
+        self.v_buf: list[torch.Tensor] = []
+        self.n_q: list[int] = []  # per layer: quantized tokens
+        self.held: list[int] = []  # per layer: S
+
+    # The two parts, as views: k_old[layer] (B, H_kv, N_q, D) quantized then dequantized, k_res (B, H_kv, r, D)
+    @property
+    def k_old(self) -> list[torch.Tensor]:
+        return [b[:, :, :n] for b, n in zip(self.k_buf, self.n_q)]
+
+    @property
+    def v_old(self) -> list[torch.Tensor]:
+        return [b[:, :, :n] for b, n in zip(self.v_buf, self.n_q)]
+
+    @property
+    def k_res(self) -> list[torch.Tensor]:
+        return [b[:, :, n:S] for b, n, S in zip(self.k_buf, self.n_q, self.held)]
+
+    @property
+    def v_res(self) -> list[torch.Tensor]:
+        return [b[:, :, n:S] for b, n, S in zip(self.v_buf, self.n_q, self.held)]
 
     def _round_trip(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A block of G tokens (B, H_kv, G, D) as the format gives it back."""
@@ -68,37 +92,41 @@ class SimulatedQuantCache(KVCache):
         return k_hat, v_hat
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer == len(self.k_res):
-            self.k_old.append(k[:, :, :0])
-            self.v_old.append(v[:, :, :0])
-            self.k_res.append(k)
-            self.v_res.append(v)
-        else:
-            self.k_res[layer] = torch.cat([self.k_res[layer], k], dim=2)  # (B, H_kv, r + T, D)
-            self.v_res[layer] = torch.cat([self.v_res[layer], v], dim=2)
-        r = self.k_res[layer].shape[2]
+        T = k.shape[2]
+        if layer == len(self.k_buf):
+            self.k_buf.append(k.new_empty(*k.shape[:2], max(2 * T, 64), k.shape[3]))
+            self.v_buf.append(v.new_empty(*v.shape[:2], max(2 * T, 64), v.shape[3]))
+            self.n_q.append(0)
+            self.held.append(0)
+        S = self.held[layer] + T
+        if S > self.k_buf[layer].shape[2]:  # full: a buffer twice as large
+            for bufs in (self.k_buf, self.v_buf):
+                old = bufs[layer]
+                bufs[layer] = old.new_empty(*old.shape[:2], 2 * S, old.shape[3])
+                bufs[layer][:, :, :self.held[layer]] = old[:, :, :self.held[layer]]
+        kb, vb, n = self.k_buf[layer], self.v_buf[layer], self.n_q[layer]
+        kb[:, :, S - T:S], vb[:, :, S - T:S] = k, v
+        self.held[layer] = S
+        r = S - n
         move = (r - self.residual) // self.step * self.step if r > self.residual else 0
         if move:
-            k_hat, v_hat = self._round_trip(layer, self.k_res[layer][:, :, :move], self.v_res[layer][:, :, :move])
-            self.k_old[layer] = torch.cat([self.k_old[layer], k_hat], dim=2)
-            self.v_old[layer] = torch.cat([self.v_old[layer], v_hat], dim=2)
-            self.k_res[layer] = self.k_res[layer][:, :, move:]
-            self.v_res[layer] = self.v_res[layer][:, :, move:]
-        return (torch.cat([self.k_old[layer], self.k_res[layer]], dim=2),
-                torch.cat([self.v_old[layer], self.v_res[layer]], dim=2))
+            k_hat, v_hat = self._round_trip(layer, kb[:, :, n:n + move], vb[:, :, n:n + move])
+            kb[:, :, n:n + move], vb[:, :, n:n + move] = k_hat, v_hat
+            self.n_q[layer] = n + move
+        return kb[:, :, :S], vb[:, :, :S]  # (B, H_kv, S, D) views
 
     def reset(self) -> None:
         super().reset()
-        self.k_old, self.v_old, self.k_res, self.v_res = [], [], [], []
+        self._init_store()
         self.spec = None
 
     @property
     def nbytes(self) -> int:
-        if not self.k_res:
+        if not self.k_buf:
             return 0
-        B, H_kv, _, D = self.k_res[0].shape
-        S = self.k_old[0].shape[2] + self.k_res[0].shape[2]
-        return format_bytes(self.fmt, len(self.k_res), B, H_kv, D, S, self.k_res[0].dtype, self.G, self.residual)
+        B, H_kv, _, D = self.k_buf[0].shape
+        return format_bytes(self.fmt, len(self.k_buf), B, H_kv, D, self.held[0], self.k_buf[0].dtype, self.G,
+                            self.residual)
 
 
 def format_bytes(fmt: str, L: int, B: int, H_kv: int, D: int, S: int, dtype: torch.dtype, group_size: int,
