@@ -8,6 +8,7 @@ build (tests/book_build.py), which holds both editions.
 
 from __future__ import annotations
 
+import html as html_lib
 import json
 import re
 import shutil
@@ -15,7 +16,7 @@ import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
 from babel.messages.catalog import Catalog
@@ -888,16 +889,48 @@ def test_jieba_keeps_each_course_term_one_word():
         assert term in course.cut_for_search(f"我们看{term}的时候发现问题"), term
 
 
-def chromium_search(html: Path, term: str, profile: Path) -> list[str]:
-    """The pages (relative to `html`) that the built search page lists for `term`, in headless Chromium."""
+SEARCH_ALL = """<!DOCTYPE html><html><body><pre id="out"></pre><script>
+// One frame per term, each the book's own search page; every 200 ms the finished searches' result links are
+// written below as JSON (a search has finished when Sphinx wrote its summary line, with or without results).
+const terms = %s, frames = {};
+for (const t of terms) {
+  frames[t] = document.body.appendChild(document.createElement("iframe"));
+  frames[t].src = %s + "?q=" + encodeURIComponent(t);
+}
+setInterval(() => {
+  const got = {};
+  for (const t of terms) {
+    const d = frames[t].contentDocument, summary = d && d.querySelector("p.search-summary");
+    got[t] = summary && summary.innerText ? [...d.querySelectorAll("ul.search a")].map(a => a.getAttribute("href")) : null;
+  }
+  document.getElementById("out").textContent = JSON.stringify(got);
+}, 200);
+</script></body></html>"""
+
+
+def chromium_search_all(html: Path, terms: list[str], work: Path) -> dict[str, list[str]]:
+    """{term: the pages (relative to `html`) that the built search page lists for it}, all terms searched in one
+    headless Chromium (a frame each; `--allow-file-access-from-files` lets the page read its frames)."""
     chromium = next(shutil.which(c) for c in ("chromium", "chromium-browser", "google-chrome") if shutil.which(c))
-    url = (html / "search.html").as_uri() + "?q=" + quote(term)
-    proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
-                           f"--user-data-dir={profile}", "--dump-dom", url],
-                          capture_output=True, text=True, timeout=120, env=zh_figures.offline_js.chromium_env())
-    results = re.search(r'<ul class="search">(.*?)</ul>', proc.stdout, re.S)
-    assert proc.returncode == 0 and "search" in proc.stdout, proc.stderr[-2000:]
-    return sorted(set(re.findall(r'<a href="([^"#?]+)', results.group(1)))) if results else []
+    work.mkdir(parents=True, exist_ok=True)
+    page = work / "search_all.html"
+    page.write_text(SEARCH_ALL % (json.dumps(terms, ensure_ascii=False), json.dumps((html / "search.html").as_uri())),
+                    encoding="utf-8")
+    proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+                           f"--virtual-time-budget={10000 + 300 * len(terms)}", f"--user-data-dir={work / 'profile'}",
+                           "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=300, env=zh_figures.offline_js.chromium_env())
+    out = re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S)
+    assert proc.returncode == 0 and out and out.group(1), proc.stderr[-2000:]
+    found = json.loads(html_lib.unescape(out.group(1)))
+    unfinished = [t for t in terms if found.get(t) is None]
+    assert not unfinished, f"the search page had not finished for {unfinished} when Chromium stopped"
+    return {t: sorted(set(re.sub(r"[#?].*", "", link) for link in found[t])) for t in terms}
+
+
+def chromium_search(html: Path, term: str, work: Path) -> list[str]:
+    """The pages (relative to `html`) that the built search page lists for `term`, in headless Chromium."""
+    return chromium_search_all(html, [term], work)[term]
 
 
 def test_a_browser_search_finds_chinese_terms_on_a_tiny_chinese_book(tmp_path):
@@ -930,7 +963,8 @@ def test_a_browser_search_for_each_course_term_finds_the_chapters_using_it(built
     assert built_book.returncode == 0, built_book.log[-6000:]
     zh = built_book.html / "zh"
     texts = {p.relative_to(zh).as_posix(): "".join(read_page(p).article_text) for p in sorted(zh.glob("book/*.html"))}
-    for term in search_terms():
+    terms = search_terms()
+    found = chromium_search_all(zh, terms, tmp_path / "search")
+    for term in terms:
         using = {page for page, text in texts.items() if term in text}
-        found = set(chromium_search(zh, term, tmp_path / "profile"))
-        assert using <= found, f"search for {term}: {sorted(using - found)} use it and are not listed"
+        assert using <= set(found[term]), f"search for {term}: {sorted(using - set(found[term]))} use it and are not listed"
