@@ -10,7 +10,13 @@ import shutil
 import tempfile
 
 import pytest
-import torch
+
+# torch.compile's inductor compiles in a pool of worker processes, each importing torch: on 2 busy cores the pool
+# costs more CPU than it saves (tests/test_compiled_decode.py: 33 s of CPU with the pool, 18 s without). Set before
+# torch loads; the kernels and the book build the tests start inherit it.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import torch  # noqa: E402
 
 import kvref
 
