@@ -6,8 +6,8 @@ ordinary cells do not stop the run, a test cell that raises or writes to stderr 
 
 Speed: one walker process runs the notebook top to bottom once (which is also the check that the
 solution passes); when it reaches an answer cell it forks one child per mutant, which runs the mutated
-cell and the rest of the notebook and stops at the first test cell that fails. The prefix is never recomputed, and every mutant starts from a copy
-of exactly the state the real cell would see.
+cell and the rest of the notebook and stops at the first test cell that fails. The prefix is never
+recomputed, and every mutant starts from a copy of exactly the state the real cell would see.
 
 A mutant is *killed* when some test cell fails (it loses points), *survived* when all pass, and
 *equivalent* when it is listed in ``mutants_equivalent.toml`` with the reason its behaviour cannot

@@ -68,9 +68,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     worker: a file's tests together (its module fixtures, e.g. a graded class, are made once), those of a file
     that read the built book apart from the rest; the groups in the order above (a stable sort: the collection's
     order within each rank)."""
+    groups = {item.nodeid: xdist_group_of(item) for item in items}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
-    items.sort(key=lambda item: group_rank(xdist_group_of(item)))
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    items.sort(key=lambda item: group_rank(groups[item.nodeid]))
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

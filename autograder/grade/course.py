@@ -103,6 +103,7 @@ class Course:
             shutil.copyfile(path, dest)
         self.stems = sorted(p.name for p in (self.root / "source").iterdir()) if (self.root / "source").is_dir() else []
         self._clone_of: dict[tuple[str, str], Path] = {}  # (stem, student) -> course dir that graded it
+        self._results: dict[str, list[dict]] = {}  # the last autograde_all's nbgrader results, for explain
 
         self.log = log or logging.getLogger("autograder.nbgrader")
         if log is None:
@@ -309,12 +310,11 @@ class Course:
         text = "\n".join(lines) or "no cell lost points"
         return text if len(text) <= limit else text[:limit] + " ..."
 
-
     def _log_about(self, stem: str, student: str, limit: int) -> str:
         """What nbgrader's log of the last ``autograde_all`` says about one submission (the lines from where
         its grading starts to where the next one starts), for ``explain``."""
         found = []
-        for result in getattr(self, "_results", {}).get(stem, []):
+        for result in self._results.get(stem, []):
             lines = f"{result.get('log') or ''}\n{result.get('error') or ''}".splitlines()
             starts = [i for i, line in enumerate(lines) if student in line]
             if starts:
