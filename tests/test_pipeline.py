@@ -12,13 +12,14 @@ Plus a self-test assignment written here (the stderr rule, forbid and time limit
 kernel) and `make grade` on a tiny submissions folder.
 
 Everything is graded once, by the module fixture `graded`; the tests below only read its results.
-  - nbgrader (autograde in a kernel): one course directory, where the solution, the release, every correct
-    alternative and the first NBGRADER_WRONG wrong answers of each chapter are submitted together and graded by
+  - nbgrader (autograde in a kernel): one course directory, where the solution, the release and the first
+    wrong answer and the first correct alternative of each chapter are submitted together and graded by
     parallel workers;
-  - in-process (autograder.mutation.grade_variants, the grader of the mutation sweep): every wrong answer, the
-    instructor source run once per chapter (it must pass every test there too) and forked at the first cell an
-    answer changes. This is how each wrong answer is shown to lose points; on those graded both ways the two
-    graders must agree (KVREF_ALL_WRONG=1 sends every wrong answer through nbgrader as well).
+  - in-process (autograder.mutation.grade_variants, the grader of the mutation sweep): every wrong answer and
+    every correct alternative, the instructor source run once per chapter (it must pass every test there too)
+    and forked at the first cell an answer changes. This is how each wrong answer is shown to lose points and
+    each alternative to keep them; on those graded both ways the two graders must agree (KVREF_ALL_NBGRADER=1
+    sends every answer through nbgrader as well).
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ STEMS = sorted(s for s in solution_files(SOLUTIONS)
                if not os.environ.get("KVREF_STEMS") or s in os.environ["KVREF_STEMS"].split(","))
 SELFTEST = "zz_selftest"
 MIN_WRONG = 3
-# Wrong answers per chapter that nbgrader grades too (the first ones of the file); the rest only in-process.
-NBGRADER_WRONG = 10**6 if os.environ.get("KVREF_ALL_WRONG") else 1
+# Wrong answers and correct alternatives per chapter that nbgrader grades too (the first ones of each file); the
+# rest only in-process. Every answer through nbgrader: KVREF_ALL_NBGRADER=1.
+NBGRADER_ANSWERS = 10**6 if os.environ.get("KVREF_ALL_NBGRADER") else 1
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
@@ -197,18 +199,12 @@ def graded(tmp_path_factory) -> Graded:
         solved = nbs.fill_answers(base, nbs.read(sources[stem]))
         course.submit(stem, "solution", solved)
         course.submit(stem, "released", base)
-        if isinstance(WRONG[stem], dict):
-            for name in through_nbgrader(stem):
+        for kind, answers in (("wrong", WRONG[stem]), ("right", RIGHT[stem])):
+            for name in through_nbgrader(stem, kind):
                 try:
-                    course.submit(stem, student_id(name), nbs.apply_wrong(solved, WRONG[stem][name], name))
+                    course.submit(stem, student_id(name, kind), nbs.apply_wrong(solved, answers[name], name))
                 except ValueError as e:
-                    result.setup_errors[(stem, student_id(name))] = str(e)
-        if isinstance(RIGHT[stem], dict):  # correct alternatives, graded in the same batch
-            for name, subs in RIGHT[stem].items():
-                try:
-                    course.submit(stem, student_id(name, "right"), nbs.apply_wrong(solved, subs, name))
-                except ValueError as e:
-                    result.setup_errors[(stem, student_id(name, "right"))] = str(e)
+                    result.setup_errors[(stem, student_id(name, kind))] = str(e)
     result.submissions = sum(len(course.submitted_students(s)) for s in course.stems)
     t0 = time.perf_counter()
     course.autograde_all(workers=WORKERS)
@@ -230,21 +226,27 @@ def graded(tmp_path_factory) -> Graded:
     return result
 
 
-def through_nbgrader(stem: str) -> list[str]:
-    """The wrong answers of ``stem`` that nbgrader grades as well as the in-process grader."""
-    return list(WRONG[stem])[:NBGRADER_WRONG] if isinstance(WRONG[stem], dict) else []
+def through_nbgrader(stem: str, kind: str = "wrong") -> list[str]:
+    """The wrong answers (kind "wrong") or correct alternatives ("right") of ``stem`` that nbgrader grades as
+    well as the in-process grader."""
+    answers = WRONG[stem] if kind == "wrong" else RIGHT[stem]
+    return list(answers)[:NBGRADER_ANSWERS] if isinstance(answers, dict) else []
 
 
 def grade_in_process(result: Graded) -> None:
-    """Every wrong answer of every chapter, graded in-process against the instructor source (hidden
-    tests included, as nbgrader grades): {student id: the first failing test cell, or None}."""
+    """Every wrong answer and every correct alternative of every chapter, graded in-process against the
+    instructor source (hidden tests included, as nbgrader grades): {student id: the first failing test cell,
+    or None}."""
     for stem in result.fresh:
         source = nbs.read(SOLUTIONS / f"{stem}.ipynb")
         variants = {}
-        if isinstance(WRONG[stem], dict):
-            found, errors = answer_variants(source, WRONG[stem])
-            variants = {student_id(name): v for name, v in found.items()}
-            result.setup_errors |= {(stem, student_id(name)): e for name, e in errors.items()}
+        for kind, answers in (("wrong", WRONG[stem]), ("right", RIGHT[stem])):
+            if not isinstance(answers, dict):
+                continue
+            label = "wrong answer" if kind == "wrong" else "correct alternative"
+            found, errors = answer_variants(source, answers, label)
+            variants |= {student_id(name, kind): v for name, v in found.items()}
+            result.setup_errors |= {(stem, student_id(name, kind)): e for name, e in errors.items()}
         try:
             result.inprocess[stem] = grade_variants(source, variants, timeout=cell_timeout(), say=lambda _: None)
         except Exception as e:  # reported by the tests of this chapter; the other chapters go on
@@ -438,10 +440,13 @@ def test_right_answer_gets_full_marks(graded, stem, name):
     # A correct answer written differently from the solution (loops, einsum, another order) keeps every point.
     error = graded.setup_errors.get((stem, student_id(name, "right")))
     assert error is None, f"tests/right_answers/{stem}.py: {error}"
-    s = score(graded, stem, student_id(name, "right"))
-    auto = auto_points(stem)  # a free-text answer waits for a person
-    assert s.score == auto, (f"correct alternative {name!r} scored {s.score:g} of the {auto:g} automatic points:\n"
-                             + graded.course.explain(stem, student_id(name, "right")))
+    failed = in_process(graded, stem, student_id(name, "right"))
+    assert failed is None, f"correct alternative {name!r} fails {failed} (graded in-process)"
+    if name in through_nbgrader(stem, "right"):  # and full marks from nbgrader in a kernel
+        s = score(graded, stem, student_id(name, "right"))
+        auto = auto_points(stem)  # a free-text answer waits for a person
+        assert s.score == auto, (f"correct alternative {name!r} scored {s.score:g} of the {auto:g} automatic "
+                                 f"points:\n" + graded.course.explain(stem, student_id(name, "right")))
 
 
 @pytest.mark.slow
