@@ -61,13 +61,11 @@ venv: $(STAMP)
 # Without an NVIDIA GPU, torch comes from PyTorch's CPU index (scripts/torch_cpu.py; KVREF_TORCH=default skips it):
 # PyPI's Linux torch is the CUDA build, gigabytes the course never uses. Where that index does not answer within a
 # few seconds, the script says so in one line and the plain pins bring torch.
-# --no-compile: Python writes the bytecode of the modules actually imported, at their first import, instead of
-# pip compiling every file of every package (torch alone: 39 s -> 13 s to install here).
 $(STAMP): requirements.txt pyproject.toml scripts/torch_cpu.py | prerequisites
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) scripts/torch_cpu.py requirements.txt
-	$(PY) -m pip install -r requirements.txt --no-compile
+	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps -e .
 	$(PY) -m ipykernel install --user --name kv-course --display-name "Python (kv-course)"
 	touch $@
@@ -83,11 +81,13 @@ js: prerequisites
 # The notebook kernels draw figures inline (what ipykernel does by default, spelled out because `make test`
 # exports Agg, which the book build would inherit): with Agg, plt.show() in a page displayed nothing.
 book: export MPLBACKEND := module://matplotlib_inline.backend_inline
-# Two editions from one execution: the English build runs every page (the cache starts empty), the Chinese build
-# (config generated from _config.yml: language zh_CN, catalogs in book/locale) reuses those outputs, and its
-# pages move to _build/html/zh/. book/_ext/lang_switch.py links each page to its twin in the other edition.
+# Two editions from one execution: the pages run first, as many at a time as there are CPUs, into an emptied
+# jupyter-cache (book/_ext/execute_pages.py; a page that fails there is run again by the build, which reports it);
+# the English build reads those runs, and so does the Chinese build (config generated from _config.yml: language
+# zh_CN, catalogs in book/locale), whose pages move to _build/html/zh/. book/_ext/lang_switch.py links each page to its twin in the other edition.
 book: prerequisites $(STAMP) js
 	rm -rf $(JUPYTER_CACHE) $(ZH_WORK)
+	$(PY) book/_ext/execute_pages.py --cache $(JUPYTER_CACHE)
 	$(JUPYTER_BOOK) build . $(BOOK_FLAGS) --all --path-output $(BUILD_DIR)
 	$(PY) book/_ext/i18n_tool.py config --cache $(JUPYTER_CACHE) --out $(ZH_WORK)/_config.yml
 	$(JUPYTER_BOOK) build . --config $(ZH_WORK)/_config.yml --toc $(ZH_WORK)/_toc.yml $(BOOK_FLAGS) --all --path-output $(ZH_WORK)

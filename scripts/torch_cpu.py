@@ -90,7 +90,7 @@ def main(argv: list[str], python: str = sys.executable) -> int:
               f"default index (on Linux the CUDA build, several GB, unless a local CPU wheel is found)", flush=True)
         return 0
     print(f"torch: installing the CPU build of torch=={version} from {index}", flush=True)
-    done = subprocess.run([python, "-m", "pip", "install", "--no-compile", "--timeout", "30", "--index-url", index,
+    done = subprocess.run([python, "-m", "pip", "install", "--timeout", "30", "--index-url", index,
                            f"torch=={version}"])
     if done.returncode != 0:
         print(f"torch: the CPU build could not be installed (pip exited {done.returncode}), so torch=={version} "

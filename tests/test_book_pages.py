@@ -2,18 +2,24 @@
 
 Source checks (fast): learning objectives at the top, "In the notebook", key takeaways, further reading with links
 as the last section, at least one figure glued with alt text, code lines short enough for the page.
-Built-page checks (the session's one book build): each image has a real alt text and exists in the build, and no
-glued sentence of chapter 6 prints a signed change of 0.00 % (a direction inside the noise).
+Built-page checks (the session's one book build): each image has a real alt text and exists in the build, no
+glued sentence of chapter 6 prints a signed change of 0.00 % (a direction inside the noise), and every page ran
+once, before the build (book/_ext/execute_pages.py), which then executed none itself.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from book_build import built_book  # noqa: F401
+from myst_nb.core.read import is_myst_markdown_notebook
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
+from pdf import toc_pages  # noqa: E402  (the pages in book order)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.md"))
@@ -137,3 +143,17 @@ def test_chapter6_prints_no_signed_zero_change(built_book):  # noqa: F811
     # "+0.00 %", "-0.00 %" or "−0.00 %" states a direction the measurement cannot show.
     zeros = re.findall(r".{0,60}[+\-\u2212]0\.00\s?%.{0,20}", text)
     assert not zeros, f"chapter 6 states a signed change of 0.00 %: {zeros[:3]}"
+
+
+@pytest.mark.slow
+def test_pages_ran_once_before_the_build(built_book):  # noqa: F811
+    """`make book` runs the pages in parallel first (book/_ext/execute_pages.py); both builds then take every page
+    from the cache: one run of each page, and no kernel started by Sphinx itself."""
+    assert built_book.returncode == 0, built_book.log[-3000:]
+    ran = set(re.findall(r"^execute_pages: (\S+\.md) executed in ", built_book.stdout, re.M))
+    pages = {f"{name}.md" for name in toc_pages(ROOT / "_toc.yml")}
+    expected = {p for p in pages if is_myst_markdown_notebook((ROOT / p).read_text(encoding="utf-8"))}
+    assert {p for p in pages if "```{code-cell}" in (ROOT / p).read_text(encoding="utf-8")} <= expected
+    assert ran == expected, f"ran before the build: {sorted(ran)}; notebooks: {sorted(expected)}\n{built_book.stdout[-3000:]}"
+    again = re.findall(r"(\S+\.md): Executing notebook", built_book.log)
+    assert not again, f"the build executed {again} again: the cache did not match the run before it"

@@ -144,7 +144,7 @@ def test_pip_install_outside_the_checkout(tmp_path):
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    # --no-compile: as `make venv` installs (bytecode is written at first import, not for every file of torch)
+    # --no-compile: this throwaway venv imports torch once; compiling every file of it would cost ~25 s more
     p = subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-compile", str(src)], capture_output=True,
                        text=True, cwd=tmp_path, env=env, timeout=1500)
     assert p.returncode == 0, p.stderr[-3000:]
