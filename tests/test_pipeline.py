@@ -16,10 +16,10 @@ Everything is graded once, by the module fixture `graded`; the tests below only 
     wrong answer and the first correct alternative of each chapter are submitted together and graded by
     parallel workers;
   - in-process (autograder.mutation.grade_variants, the grader of the mutation sweep): every wrong answer and
-    every correct alternative, the instructor source run once per chapter (it must pass every test there too)
-    and forked at the first cell an answer changes. This is how each wrong answer is shown to lose points and
-    each alternative to keep them; on those graded both ways the two graders must agree (KVREF_ALL_NBGRADER=1
-    sends every answer through nbgrader as well).
+    the other correct alternatives, the instructor source run once per chapter (it must pass every test there
+    too) and forked at the first cell an answer changes. This is how each wrong answer is shown to lose points
+    (on those graded both ways the two graders must agree) and each alternative to keep them
+    (KVREF_ALL_NBGRADER=1 sends every answer through nbgrader).
 """
 
 from __future__ import annotations
@@ -234,8 +234,8 @@ def through_nbgrader(stem: str, kind: str = "wrong") -> list[str]:
 
 
 def grade_in_process(result: Graded) -> None:
-    """Every wrong answer and every correct alternative of every chapter, graded in-process against the
-    instructor source (hidden tests included, as nbgrader grades): {student id: the first failing test cell,
+    """Every wrong answer and the correct alternatives that nbgrader does not grade, graded in-process against
+    the instructor source (hidden tests included, as nbgrader grades): {student id: the first failing test cell,
     or None}."""
     for stem in result.fresh:
         source = nbs.read(SOLUTIONS / f"{stem}.ipynb")
@@ -243,6 +243,8 @@ def grade_in_process(result: Graded) -> None:
         for kind, answers in (("wrong", WRONG[stem]), ("right", RIGHT[stem])):
             if not isinstance(answers, dict):
                 continue
+            if kind == "right":  # a right answer runs every test: once, by one grader, is enough
+                answers = {n: a for n, a in answers.items() if n not in through_nbgrader(stem, "right")}
             label = "wrong answer" if kind == "wrong" else "correct alternative"
             found, errors = answer_variants(source, answers, label)
             variants |= {student_id(name, kind): v for name, v in found.items()}
@@ -440,13 +442,14 @@ def test_right_answer_gets_full_marks(graded, stem, name):
     # A correct answer written differently from the solution (loops, einsum, another order) keeps every point.
     error = graded.setup_errors.get((stem, student_id(name, "right")))
     assert error is None, f"tests/right_answers/{stem}.py: {error}"
-    failed = in_process(graded, stem, student_id(name, "right"))
-    assert failed is None, f"correct alternative {name!r} fails {failed} (graded in-process)"
-    if name in through_nbgrader(stem, "right"):  # and full marks from nbgrader in a kernel
+    if name in through_nbgrader(stem, "right"):  # full marks from nbgrader in a kernel
         s = score(graded, stem, student_id(name, "right"))
         auto = auto_points(stem)  # a free-text answer waits for a person
         assert s.score == auto, (f"correct alternative {name!r} scored {s.score:g} of the {auto:g} automatic "
                                  f"points:\n" + graded.course.explain(stem, student_id(name, "right")))
+    else:  # every test cell passes in-process, none writes to stderr
+        failed = in_process(graded, stem, student_id(name, "right"))
+        assert failed is None, f"correct alternative {name!r} fails {failed} (graded in-process)"
 
 
 @pytest.mark.slow
