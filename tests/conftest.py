@@ -40,7 +40,9 @@ os.environ.setdefault("KVREF_CANARY_CACHE", os.path.join(
 # that short ones fill the ends; the tests that read the built book last, one group per file, so that either worker
 # can take them once the book is there (a worker that gets there first waits on the build's lock).
 BOOK_BUILD = "tests/test_book_offline.py"  # its tests that read the book are the group that builds it
-FIRST = [BOOK_BUILD + "@built_book", "tests/test_pipeline.py"]
+# Then the answers graded in-process (one core, minutes): the first worker to finish its group takes them, while
+# the other still runs the book's kernels or nbgrader's.
+FIRST = [BOOK_BUILD + "@built_book", "tests/test_pipeline.py", "tests/test_pipeline.py@inprocess"]
 SLOW_FILES = ["tests/test_slurm.py", "tests/test_warm_kernels.py", "tests/test_autograder_hostile.py",
               "tests/test_mutants.py", "tests/test_serve_hybrid.py", "tests/test_grading.py",
               "tests/test_student_edition.py", "tests/test_course_loop.py", "tests/test_i18n.py"]
@@ -48,16 +50,21 @@ BOOK_READERS = ["tests/test_pdf.py", "tests/test_i18n.py", "tests/test_pipeline.
 
 
 def xdist_group_of(item) -> str:
-    """The xdist group of a test: its file, or '<file>@built_book' for a test that reads the built book."""
+    """The xdist group of a test: its file, or '<file>@built_book' for a test that reads the built book, or
+    '<file>@inprocess' for one that reads the answers graded in-process (test_pipeline.py)."""
     path = item.nodeid.split("::")[0]
-    return f"{path}@built_book" if "built_book" in getattr(item, "fixturenames", ()) else path
+    fixtures = getattr(item, "fixturenames", ())
+    for fixture in ("built_book", "inprocess"):
+        if fixture in fixtures:
+            return f"{path}@{fixture}"
+    return path
 
 
 def group_rank(group: str) -> tuple[int, int]:
     if group in FIRST:
         return 0, FIRST.index(group)
     path, _, book = group.partition("@")
-    if book:
+    if book == "built_book":
         return 3, BOOK_READERS.index(path) if path in BOOK_READERS else len(BOOK_READERS)
     return (1, SLOW_FILES.index(path)) if path in SLOW_FILES else (2, 0)
 

@@ -167,10 +167,15 @@ class Graded:
     generate_errors: dict = field(default_factory=dict)  # stem -> why nbgrader could not release it
     scores: dict = field(default_factory=dict)  # stem -> {student: Score}, read once from the gradebooks
     durations: dict = field(default_factory=dict)  # (stem, student) -> seconds of autograde (estimated)
-    inprocess: dict = field(default_factory=dict)  # stem -> {student: first failing test cell, or None}
-    inprocess_errors: dict = field(default_factory=dict)  # stem -> why the in-process grading of it failed
     seconds: float = 0.0
     submissions: int = 0
+
+
+@dataclass
+class InProcess:
+    verdicts: dict = field(default_factory=dict)  # stem -> {student: first failing test cell, or None}
+    errors: dict = field(default_factory=dict)  # stem -> why the in-process grading of it failed
+    setup_errors: dict = field(default_factory=dict)  # (stem, student) -> why the answer does not apply
 
 
 @pytest.fixture(scope="module")
@@ -211,12 +216,8 @@ def graded(tmp_path_factory) -> Graded:
     result.seconds = time.perf_counter() - t0
     result.scores = {stem: course.scores(stem) for stem in course.stems}
     result.durations = course.durations()
-    t0 = time.perf_counter()
-    grade_in_process(result)
-    t_inprocess = time.perf_counter() - t0
     lines = [f"[pipeline] generate_assignment x{len(course.stems)}: {t_generate:.0f} s; autograde of "
-             f"{result.submissions} submissions by {WORKERS} worker(s): {result.seconds:.0f} s; in-process grading "
-             f"of {sum(map(len, result.inprocess.values()))} answers: {t_inprocess:.0f} s"]
+             f"{result.submissions} submissions by {WORKERS} worker(s): {result.seconds:.0f} s"]
     for stem in course.stems:
         times = [t for (s, _), t in result.durations.items() if s == stem]
         if times:
@@ -233,11 +234,15 @@ def through_nbgrader(stem: str, kind: str = "wrong") -> list[str]:
     return list(answers)[:NBGRADER_ANSWERS] if isinstance(answers, dict) else []
 
 
-def grade_in_process(result: Graded) -> None:
+@pytest.fixture(scope="module")
+def inprocess() -> InProcess:
     """Every wrong answer and the correct alternatives that nbgrader does not grade, graded in-process against
     the instructor source (hidden tests included, as nbgrader grades): {student id: the first failing test cell,
-    or None}."""
-    for stem in result.fresh:
+    or None}. A fixture of its own, apart from `graded`: under `make test` the two run on different workers
+    (tests/conftest.py), this one beside the book build's last pages."""
+    result = InProcess()
+    t0 = time.perf_counter()
+    for stem in STEMS:
         source = nbs.read(SOLUTIONS / f"{stem}.ipynb")
         variants = {}
         for kind, answers in (("wrong", WRONG[stem]), ("right", RIGHT[stem])):
@@ -250,15 +255,20 @@ def grade_in_process(result: Graded) -> None:
             variants |= {student_id(name, kind): v for name, v in found.items()}
             result.setup_errors |= {(stem, student_id(name, kind)): e for name, e in errors.items()}
         try:
-            result.inprocess[stem] = grade_variants(source, variants, timeout=cell_timeout(), say=lambda _: None)
+            result.verdicts[stem] = grade_variants(source, variants, timeout=cell_timeout(), say=lambda _: None)
         except Exception as e:  # reported by the tests of this chapter; the other chapters go on
-            result.inprocess_errors[stem] = f"in-process grading of solutions/{stem}.ipynb failed: {e}"
+            result.errors[stem] = f"in-process grading of solutions/{stem}.ipynb failed: {e}"
+    print(f"\n[pipeline] in-process grading of {sum(map(len, result.verdicts.values()))} answers: "
+          f"{time.perf_counter() - t0:.0f} s")
+    return result
 
 
-def in_process(graded: Graded, stem: str, student: str) -> str | None:
+def in_process(inprocess: InProcess, stem: str, student: str) -> str | None:
     """The in-process verdict: the first test cell the answer fails ("grade_id: why"), or None."""
-    assert stem not in graded.inprocess_errors, graded.inprocess_errors[stem]
-    return graded.inprocess[stem][student]
+    assert stem not in inprocess.errors, inprocess.errors[stem]
+    error = inprocess.setup_errors.get((stem, student))
+    assert error is None, f"tests/{student.split('-')[0]}_answers/{stem}.py: {error}"
+    return inprocess.verdicts[stem][student]
 
 
 def released(graded: Graded, stem: str):
@@ -417,16 +427,23 @@ def test_enough_wrong_answers(stem):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stem,name", WRONG_CASES, ids=[f"{s}-{n}" for s, n in WRONG_CASES])
-def test_wrong_answer_loses_points(graded, stem, name):
+def test_wrong_answer_loses_points(inprocess, stem, name):
+    failed = in_process(inprocess, stem, student_id(name))
+    assert failed is not None, f"wrong answer {name!r} passes every test (graded in-process): no test catches it"
+
+
+NBGRADER_WRONG_CASES = [(stem, name) for stem in STEMS for name in through_nbgrader(stem)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem,name", NBGRADER_WRONG_CASES, ids=[f"{s}-{n}" for s, n in NBGRADER_WRONG_CASES])
+def test_wrong_answer_loses_points_through_nbgrader(graded, stem, name):
+    # The in-process verdict (above) again, from nbgrader in a kernel.
     error = graded.setup_errors.get((stem, student_id(name)))
     assert error is None, f"tests/wrong_answers/{stem}.py: {error}"
-    failed = in_process(graded, stem, student_id(name))
-    assert failed is not None, f"wrong answer {name!r} passes every test (graded in-process): no test catches it"
-    if name in through_nbgrader(stem):  # the same verdict from nbgrader in a kernel
-        s = score(graded, stem, student_id(name))
-        auto = auto_points(stem)  # a free-text answer is never auto-graded
-        assert s.score < auto, (f"wrong answer {name!r} got full marks ({s.score:g}) from nbgrader, although it "
-                                f"fails {failed} in-process")
+    s = score(graded, stem, student_id(name))
+    auto = auto_points(stem)  # a free-text answer is never auto-graded
+    assert s.score < auto, f"wrong answer {name!r} got full marks ({s.score:g}) from nbgrader"
 
 
 @pytest.mark.parametrize("stem", STEMS)
@@ -436,20 +453,28 @@ def test_enough_right_answers(stem):
     assert len(right) >= MIN_RIGHT, f"tests/right_answers/{stem}.py has {len(right)} correct alternatives; at least {MIN_RIGHT}"
 
 
+# A correct answer written differently from the solution (loops, einsum, another order) keeps every point: the
+# first of each chapter through nbgrader, the others in-process (every test passes, none writes to stderr).
+NBGRADER_RIGHT_CASES = [(stem, name) for stem, name in RIGHT_CASES if name in through_nbgrader(stem, "right")]
+INPROCESS_RIGHT_CASES = [case for case in RIGHT_CASES if case not in NBGRADER_RIGHT_CASES]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("stem,name", RIGHT_CASES, ids=[f"{s}-{n}" for s, n in RIGHT_CASES])
-def test_right_answer_gets_full_marks(graded, stem, name):
-    # A correct answer written differently from the solution (loops, einsum, another order) keeps every point.
+@pytest.mark.parametrize("stem,name", NBGRADER_RIGHT_CASES, ids=[f"{s}-{n}" for s, n in NBGRADER_RIGHT_CASES])
+def test_right_answer_gets_full_marks_through_nbgrader(graded, stem, name):
     error = graded.setup_errors.get((stem, student_id(name, "right")))
     assert error is None, f"tests/right_answers/{stem}.py: {error}"
-    if name in through_nbgrader(stem, "right"):  # full marks from nbgrader in a kernel
-        s = score(graded, stem, student_id(name, "right"))
-        auto = auto_points(stem)  # a free-text answer waits for a person
-        assert s.score == auto, (f"correct alternative {name!r} scored {s.score:g} of the {auto:g} automatic "
-                                 f"points:\n" + graded.course.explain(stem, student_id(name, "right")))
-    else:  # every test cell passes in-process, none writes to stderr
-        failed = in_process(graded, stem, student_id(name, "right"))
-        assert failed is None, f"correct alternative {name!r} fails {failed} (graded in-process)"
+    s = score(graded, stem, student_id(name, "right"))
+    auto = auto_points(stem)  # a free-text answer waits for a person
+    assert s.score == auto, (f"correct alternative {name!r} scored {s.score:g} of the {auto:g} automatic "
+                             f"points:\n" + graded.course.explain(stem, student_id(name, "right")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem,name", INPROCESS_RIGHT_CASES, ids=[f"{s}-{n}" for s, n in INPROCESS_RIGHT_CASES])
+def test_right_answer_gets_full_marks(inprocess, stem, name):
+    failed = in_process(inprocess, stem, student_id(name, "right"))
+    assert failed is None, f"correct alternative {name!r} fails {failed} (graded in-process)"
 
 
 @pytest.mark.slow
