@@ -84,7 +84,8 @@ book: export MPLBACKEND := module://matplotlib_inline.backend_inline
 # Two editions from one execution: the pages run first, as many at a time as there are CPUs, into an emptied
 # jupyter-cache (book/_ext/execute_pages.py; a page that fails there is run again by the build, which reports it);
 # the English build reads those runs, and so does the Chinese build (config generated from _config.yml: language
-# zh_CN, catalogs in book/locale), whose pages move to _build/html/zh/. book/_ext/lang_switch.py links each page to its twin in the other edition.
+# zh_CN, catalogs in book/locale), whose pages move to _build/html/zh/. book/_ext/lang_switch.py links each page
+# to its twin in the other edition.
 book: prerequisites $(STAMP) js
 	rm -rf $(JUPYTER_CACHE) $(ZH_WORK)
 	$(PY) book/_ext/execute_pages.py --cache $(JUPYTER_CACHE)

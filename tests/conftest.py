@@ -36,9 +36,10 @@ os.environ.setdefault("KVREF_CANARY_CACHE", os.path.join(
 
 # The order in which the two workers of `make test` take the groups (pytest-xdist `--dist loadgroup` with
 # `--no-loadscope-reorder`: a worker that runs low on tests takes the next group of the collection). The book build
-# (~9 min of one core) and the graded class go first, one to each worker; the files that take longest next, so
-# that short ones fill the ends; the tests that read the built book last, one group per file, so that either worker
-# can take them once the book is there (a worker that gets there first waits on the build's lock).
+# (its pages two at a time, ~7 min beside the other worker) and the graded class go first, one to each worker; the
+# files that take longest next, so that short ones fill the ends; the tests that read the built book last, one
+# group per file, so that either worker can take them once the book is there (a worker that gets there first
+# waits on the build's lock).
 BOOK_BUILD = "tests/test_book_offline.py"  # its tests that read the book are the group that builds it
 # Then the answers graded in-process (one core, minutes): the first worker to finish its group takes them, while
 # the other still runs the book's kernels or nbgrader's.

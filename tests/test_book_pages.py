@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 from book_build import built_book  # noqa: F401
-from myst_nb.core.read import is_myst_markdown_notebook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
-from pdf import toc_pages  # noqa: E402  (the pages in book order)
+from execute_pages import executable_pages, toc_pages  # noqa: E402  (the notebook pages of _toc.yml, all pages)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.md"))
@@ -151,9 +150,11 @@ def test_pages_ran_once_before_the_build(built_book):  # noqa: F811
     from the cache: one run of each page, and no kernel started by Sphinx itself."""
     assert built_book.returncode == 0, built_book.log[-3000:]
     ran = set(re.findall(r"^execute_pages: (\S+\.md) executed in ", built_book.stdout, re.M))
-    pages = {f"{name}.md" for name in toc_pages(ROOT / "_toc.yml")}
-    expected = {p for p in pages if is_myst_markdown_notebook((ROOT / p).read_text(encoding="utf-8"))}
-    assert {p for p in pages if "```{code-cell}" in (ROOT / p).read_text(encoding="utf-8")} <= expected
-    assert ran == expected, f"ran before the build: {sorted(ran)}; notebooks: {sorted(expected)}\n{built_book.stdout[-3000:]}"
+    expected = {p.relative_to(ROOT).as_posix() for p in executable_pages()}
+    pages = [f"{name}.md" for name in toc_pages(ROOT / "_toc.yml")]
+    with_code = {p for p in pages if "```{code-cell}" in (ROOT / p).read_text(encoding="utf-8")}
+    assert with_code and with_code <= expected, f"pages with code that would not run first: {with_code - expected}"
+    assert ran == expected, (f"ran before the build: {sorted(ran)}; notebooks: {sorted(expected)}\n"
+                             f"{built_book.stdout[-3000:]}")
     again = re.findall(r"(\S+\.md): Executing notebook", built_book.log)
     assert not again, f"the build executed {again} again: the cache did not match the run before it"

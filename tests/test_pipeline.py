@@ -11,11 +11,11 @@ For every solutions/NN_topic.ipynb:
 Plus a self-test assignment written here (the stderr rule, forbid and time limits inside a real
 kernel) and `make grade` on a tiny submissions folder.
 
-Everything is graded once, by the module fixture `graded`; the tests below only read its results.
-  - nbgrader (autograde in a kernel): one course directory, where the solution, the release and the first
+Everything is graded once, by two module fixtures; the tests below only read their results.
+  - `graded`, nbgrader (autograde in a kernel): one course directory, where the solution, the release and the first
     wrong answer and the first correct alternative of each chapter are submitted together and graded by
     parallel workers;
-  - in-process (autograder.mutation.grade_variants, the grader of the mutation sweep): every wrong answer and
+  - `inprocess` (autograder.mutation.grade_variants, the grader of the mutation sweep): every wrong answer and
     the other correct alternatives, the instructor source run once per chapter (it must pass every test there
     too) and forked at the first cell an answer changes. This is how each wrong answer is shown to lose points
     (on those graded both ways the two graders must agree) and each alternative to keep them
@@ -238,8 +238,8 @@ def through_nbgrader(stem: str, kind: str = "wrong") -> list[str]:
 def inprocess() -> InProcess:
     """Every wrong answer and the correct alternatives that nbgrader does not grade, graded in-process against
     the instructor source (hidden tests included, as nbgrader grades): {student id: the first failing test cell,
-    or None}. A fixture of its own, apart from `graded`: under `make test` the two run on different workers
-    (tests/conftest.py), this one beside the book build's last pages."""
+    or None}. A fixture of its own, apart from `graded`: under `make test` it is an xdist group of its own
+    (tests/conftest.py), which the first worker to finish its first group takes."""
     result = InProcess()
     t0 = time.perf_counter()
     for stem in STEMS:
@@ -249,7 +249,8 @@ def inprocess() -> InProcess:
             if not isinstance(answers, dict):
                 continue
             if kind == "right":  # a right answer runs every test: once, by one grader, is enough
-                answers = {n: a for n, a in answers.items() if n not in through_nbgrader(stem, "right")}
+                by_nbgrader = set(through_nbgrader(stem, "right"))
+                answers = {n: a for n, a in answers.items() if n not in by_nbgrader}
             label = "wrong answer" if kind == "wrong" else "correct alternative"
             found, errors = answer_variants(source, answers, label)
             variants |= {student_id(name, kind): v for name, v in found.items()}

@@ -42,8 +42,9 @@ def config_timeout(config: Path = ROOT / "_config.yml") -> int:
     return int(yaml.safe_load(config.read_text(encoding="utf-8"))["execute"]["timeout"])
 
 
-def execute(path: Path, timeout: int) -> tuple[Path, dict | None, float, str | None]:
-    """Run one page in a fresh kernel: (page, executed notebook or None, seconds, why it failed or None)."""
+def execute(path: Path, timeout: int) -> tuple[Path, str | None, float, str | None]:
+    """Run one page in a fresh kernel: (page, the executed notebook as JSON text or None, seconds, why it failed
+    or None)."""
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
     from myst_nb.core.read import read_myst_markdown_notebook
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="pages executed at the same time")
     ap.add_argument("--timeout", type=int, default=config_timeout(),
                     help="seconds a cell may run (default: _config.yml's execute.timeout, as the build)")
-    ap.add_argument("pages", nargs="*", type=Path, help="only these pages (default: every page with code cells)")
+    ap.add_argument("pages", nargs="*", type=Path, help="only these pages (default: every notebook page of _toc.yml)")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs must be at least 1; got {args.jobs}")
