@@ -17,8 +17,10 @@ the time each token came out.
 
 from __future__ import annotations
 
+import copy
 import random
 import time
+import weakref
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Hashable
@@ -286,10 +288,32 @@ class Observations:
     solo: Trace
 
 
+# The solo run is the same for every workload: one request, the same steps, only the clock's readings differ. So
+# each engine class runs it once per model (the lab observes every engine on several days' traffic), and every
+# Observations gets its own copy. Weak keys: a model that is gone takes its runs with it.
+_solo_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(engine, weights): Trace}
+
+
+def _weights_key(model: Transformer) -> tuple[float, float]:
+    """A fingerprint of the weights: a model changed in place is not the model the runs were made with."""
+    with torch.no_grad():
+        flat = torch.cat([p.detach().flatten().double() for p in model.parameters()])
+    return float(flat.sum()), float(flat.abs().sum())
+
+
+def solo_trace(engine: type[TracedEngine], model: Transformer) -> Trace:
+    """``run_traced(engine, model, [solo_request()])``, run once per model (and its weights) and engine class;
+    a copy each call."""
+    runs = _solo_runs.setdefault(model, {})
+    key = (engine, _weights_key(model))
+    if key not in runs:
+        runs[key] = run_traced(engine, model, [solo_request()])
+    return copy.deepcopy(runs[key])
+
+
 def observe(engine: type[TracedEngine], model: Transformer, requests: list[Request] | None = None) -> Observations:
-    """Run ``engine`` on the lab workload (or ``requests``) and, separately, on the solo request."""
-    return Observations(run_traced(engine, model, requests or lab_requests()),
-                        run_traced(engine, model, [solo_request()]))
+    """Run ``engine`` on the lab workload (or ``requests``) and, separately, on the solo request (``solo_trace``)."""
+    return Observations(run_traced(engine, model, requests or lab_requests()), solo_trace(engine, model))
 
 
 def _shuffled(seed: int) -> list[type[TracedEngine]]:

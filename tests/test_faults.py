@@ -133,3 +133,35 @@ def test_other_traffic_shows_the_same_symptoms(model, seed):
     assert stuck.pop("contiguous_fragmentation") > 3 >= max(stuck.values()), stuck
     no_cache = [f for f, tr in t.items() if not any(r.cached_tokens for r in tr.requests.values())]
     assert sorted(no_cache) == ["contiguous_fragmentation", "shared_prefix_not_cached"]
+
+
+def test_solo_run_is_made_once_per_engine_and_model_and_copied():
+    """observe() runs the solo request once per engine class and model (the lab observes each engine on several
+    days' traffic, the solo run is the same every time): the copies equal a fresh run in every deterministic
+    column, a caller that changes one changes nobody else's, and a model whose weights changed runs again."""
+    torch.set_num_threads(1)
+    model = F.lab_model(seed=3)  # a model of its own: no earlier test's runs
+    calls = []
+    real = F.run_traced
+
+    def counted(engine, m, requests, **kw):
+        calls.append((engine, [r.rid for r in requests]))
+        return real(engine, m, requests, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(F, "run_traced", counted)
+        first = F.observe(F.RecomputeEngine, model)
+        again = F.observe(F.RecomputeEngine, model, F.lab_requests(seed=4, jitter=True))
+        other = F.observe(F.LeakyEngine, model)
+        assert [rids for _, rids in calls].count(["solo"]) == 2, calls  # Recompute's once, Leaky's once
+        fresh = real(F.RecomputeEngine, model, [F.solo_request()])
+        for obs in (first, again):
+            assert (obs.solo.step_rows, obs.solo.blocks_used, obs.solo.requests["solo"].rows_per_token) == \
+                   (fresh.step_rows, fresh.blocks_used, fresh.requests["solo"].rows_per_token)
+        assert other.solo.step_rows != first.solo.step_rows  # the other engine's own run
+        first.solo.step_rows.clear()
+        assert again.solo.step_rows == fresh.step_rows  # a copy each: nobody else's trace changed
+        with torch.no_grad():
+            model.lm_head.weight.data.mul_(2)  # in place, behind autograd's back: a changed model
+        F.observe(F.RecomputeEngine, model)
+        assert [rids for _, rids in calls].count(["solo"]) == 3, calls
