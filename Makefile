@@ -117,10 +117,8 @@ pdf: book
 
 test: export MPLBACKEND := Agg
 # js: the CJK font (fetched where the system has none) before any test draws or prints Chinese; the tests run in
-# parallel, so the book build inside them may come later. The environment and js do not depend on each other: a
-# sub-make sets them up at the same time (pip's minute and npm's seconds overlap).
-test: prerequisites
-	@$(MAKE) --no-print-directory -j2 $(STAMP) js
+# parallel, so the book build inside them may come later.
+test: prerequisites $(STAMP) js
 	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # Student notebooks: solutions/NN_topic.ipynb -> notebooks/NN_topic.ipynb (nbgrader generate_assignment).

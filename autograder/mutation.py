@@ -6,7 +6,8 @@ ordinary cells do not stop the run, a test cell that raises or writes to stderr 
 
 Speed: one walker process runs the notebook top to bottom once (which is also the check that the
 solution passes); when it reaches an answer cell it forks one child per mutant, which runs the mutated
-cell and the rest of the notebook and stops at the first test cell that fails. The prefix is never
+cell and the rest of the notebook and stops at the first test cell that fails, or after the last test cell
+(what follows, a demonstration or an ungraded stretch check, cannot change a verdict). The prefix is never
 recomputed, and every mutant starts from a copy of exactly the state the real cell would see.
 
 A mutant is *killed* when some test cell fails (it loses points), *survived* when all pass, and
@@ -89,10 +90,16 @@ def _run_cell(source: str, ns: dict, graded: bool) -> str | None:
     return failure if graded or failure is None else None
 
 
+def _last_test(cells: list) -> int:
+    """Index of the last test cell (-1: none). The cells after it (demonstrations, ungraded stretch checks) cannot
+    change a verdict: only a test cell's failure is one (``_run_cell``). So no run goes past it."""
+    return max((i for i, c in enumerate(cells) if c.cell_type == "code" and nbs.is_test(c)), default=-1)
+
+
 def _run_from(cells: list, start: int, ns: dict, replaced: dict[int, str]) -> str | None:
-    """Run cells[start:] (those in ``replaced`` with its source instead of their own); the first failing
-    test cell as "grade_id: why", or None if every test cell passes."""
-    for i in range(start, len(cells)):
+    """Run cells[start:] up to the last test cell (those in ``replaced`` with its source instead of their own);
+    the first failing test cell as "grade_id: why", or None if every test cell passes."""
+    for i in range(start, _last_test(cells) + 1):
         cell = cells[i]
         if cell.cell_type != "code":
             continue
@@ -149,8 +156,8 @@ def _fork_run(cells, start, ns, replaced, timeout) -> dict:
 
 
 def _walker(source_nb, todo: dict[int, list[tuple[str, dict[int, str]]]], timeout: float, out_fd: int) -> None:
-    """Run the notebook once, as the autograder would (its verdict is the baseline, reported last); before a
-    cell that variants change, fork one run of each variant from there."""
+    """Run the notebook once, as the autograder would, up to its last test cell (its verdict is the baseline,
+    reported last); before a cell that variants change, fork one run of each variant from there."""
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch  # noqa: PLC0415  (only in the walker: the command itself stays light)
     torch.set_num_threads(1)
@@ -159,7 +166,8 @@ def _walker(source_nb, todo: dict[int, list[tuple[str, dict[int, str]]]], timeou
     ns = main.__dict__
     cells = source_nb.cells
     t0, base = time.monotonic(), None
-    for i, cell in enumerate(cells):
+    end = max([_last_test(cells), *todo]) + 1  # as far as a verdict, or the start of a variant, lies
+    for i, cell in enumerate(cells[:end]):
         for key, replaced in todo.get(i, []):
             t1 = time.monotonic()
             res = _fork_run(cells, i, ns, replaced, timeout)
@@ -244,7 +252,10 @@ def grade_mutants(source_nb, mutants: list[tuple[int, Mutant]], timeout: float =
 
 def grade_cells(source_nb, tests: set[str] | None = None, timeout: float = 300) -> dict[str, bool]:
     """{grade_id: passed} for the test cells of a notebook (all, or only ``tests``; the others are
-    skipped), every cell run in order in a forked child, as the autograder runs them."""
+    skipped), every cell up to the last of them run in order in a forked child, as the autograder runs them."""
+    wanted = [i for i, c in enumerate(source_nb.cells) if c.cell_type == "code" and nbs.is_test(c)
+              and (tests is None or nbs.grade_id(c) in tests)]
+    cells = source_nb.cells[:max(wanted, default=-1) + 1]  # what follows cannot change a verdict
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -258,7 +269,7 @@ def grade_cells(source_nb, tests: set[str] | None = None, timeout: float = 300) 
             os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
             passed = {}
             with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-                for cell in source_nb.cells:
+                for cell in cells:
                     if cell.cell_type != "code":
                         continue
                     if nbs.is_test(cell):

@@ -23,7 +23,7 @@ import pytest
 from autograder.shared import notebooks as nbs
 from autograder.shared.mutants import mutate_cell, solution_lines
 from autograder.mutation import (EQUIVALENT_FILE, autograde_mutants, chapter_mutants, grade_cells, grade_mutants,
-                                 load_equivalent, sample)
+                                 grade_variants, load_equivalent, sample)
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "solutions"
@@ -122,6 +122,26 @@ def test_in_process_grader_counts_stderr_as_lost_points():
     # nbgrader scores a test cell that writes to stderr as 0; the in-process grader must agree.
     assert grade_cells(tiny_notebook("assert add(2, 3) == 5")) == {"test_add": True}
     assert grade_cells(tiny_notebook("print('noise', file=sys.stderr)\nassert add(2, 3) == 5")) == {"test_add": False}
+
+
+def test_in_process_grader_stops_after_the_last_test_cell(tmp_path):
+    # What follows the last test cell (a demonstration, an ungraded stretch check) cannot change a verdict, so
+    # the in-process grader does not run it: here a cell that would leave a mark on disk and then kill the run.
+    mark = tmp_path / "ran"
+    nb = tiny_notebook("assert add(2, 3) == 5")
+    nb.cells.append(nbformat.v4.new_code_cell(f"open({str(mark)!r}, 'w').close()\nimport os\nos._exit(3)"))
+    right = "def add(a, b):\n    return b + a"  # passes every test: its run goes on to the end
+    wrong = "def add(a, b):\n    return a - b"
+    verdicts = grade_variants(nb, {"right": {1: right}, "wrong": {1: wrong}}, timeout=60, say=lambda s: None)
+    assert verdicts["right"] is None and verdicts["wrong"].startswith("test_add:"), verdicts
+    assert grade_cells(nb) == {"test_add": True}
+    assert not mark.exists()
+    # ... while a cell before a test cell still runs, as the autograder runs it.
+    nb.cells.append(nbs.nbgrader_cell("test", "test_add_again", "assert add(1, 1) == 2", points=1))
+    assert grade_cells(nb, {"test_add"}) == {"test_add": True} and not mark.exists()
+    with pytest.raises(RuntimeError, match="did not finish"):
+        grade_cells(nb)
+    assert mark.exists()
 
 
 @pytest.mark.slow
