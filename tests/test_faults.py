@@ -150,18 +150,18 @@ def test_solo_run_is_made_once_per_engine_and_model_and_copied():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(F, "run_traced", counted)
-        first = F.observe(F.RecomputeEngine, model)
-        again = F.observe(F.RecomputeEngine, model, F.lab_requests(seed=4, jitter=True))
-        other = F.observe(F.LeakyEngine, model)
-        assert [rids for _, rids in calls].count(["solo"]) == 2, calls  # Recompute's once, Leaky's once
-        fresh = real(F.RecomputeEngine, model, [F.solo_request()])
+        first = F.observe(F.LeakyEngine, model)
+        again = F.observe(F.LeakyEngine, model, F.lab_requests(seed=4, jitter=True))
+        other = F.observe(F.TracedEngine, model)
+        assert [rids for _, rids in calls].count(["solo"]) == 2, calls  # Leaky's once, the healthy one's once
+        fresh = real(F.LeakyEngine, model, [F.solo_request()])
         for obs in (first, again):
             assert (obs.solo.step_rows, obs.solo.blocks_used, obs.solo.requests["solo"].rows_per_token) == \
                    (fresh.step_rows, fresh.blocks_used, fresh.requests["solo"].rows_per_token)
-        assert other.solo.step_rows != first.solo.step_rows  # the other engine's own run
-        first.solo.step_rows.clear()
-        assert again.solo.step_rows == fresh.step_rows  # a copy each: nobody else's trace changed
+        assert other.solo.blocks_used[-1] == 0 < first.solo.blocks_used[-1]  # each engine's own run
+        first.solo.blocks_used.clear()
+        assert again.solo.blocks_used == fresh.blocks_used  # a copy each: nobody else's trace changed
         with torch.no_grad():
             model.lm_head.weight.data.mul_(2)  # in place, behind autograd's back: a changed model
-        F.observe(F.RecomputeEngine, model)
+        F.observe(F.LeakyEngine, model)
         assert [rids for _, rids in calls].count(["solo"]) == 3, calls

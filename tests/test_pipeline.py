@@ -25,6 +25,7 @@ Everything is graded once, by two module fixtures; the tests below only read the
 from __future__ import annotations
 
 import csv
+import functools
 import html
 import json
 import os
@@ -365,13 +366,21 @@ def auto_points(stem: str) -> float:
     return nbs.auto_points(nbs.read(SOLUTIONS / f"{stem}.ipynb"))
 
 
-def leaks(stem: str, folder: Path) -> list[str]:
+def texts_under(folder: Path) -> list[tuple[Path, str]]:
+    """(path, searchable_text) of every text file under ``folder``."""
+    found = ((p, searchable_text(p)) for p in sorted(p for p in folder.rglob("*") if p.is_file()))
+    return [(p, t) for p, t in found if t is not None]
+
+
+# The built book does not change once built: its thousands of files (MathJax's among them) are read once, not once
+# per chapter.
+book_texts = functools.cache(texts_under)
+
+
+def leaks(stem: str, folder: Path, texts: list[tuple[Path, str]] | None = None) -> list[str]:
     needles = nbs.secret_needles(nbs.read(SOLUTIONS / f"{stem}.ipynb"))
     found = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        text = searchable_text(path)
-        if text is None:
-            continue
+    for path, text in texts_under(folder) if texts is None else texts:
         for needle in needles:
             if needle in text:
                 found.append(f"{path.relative_to(folder)}: {needle!r}")
@@ -390,7 +399,7 @@ def test_no_secret_in_notebooks(stem):
 @pytest.mark.parametrize("stem", STEMS)
 def test_no_secret_in_book(built_book, stem):
     assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
-    found = leaks(stem, built_book.html)
+    found = leaks(stem, built_book.html, book_texts(built_book.html))
     assert not found, f"solution or hidden-test lines of {stem} in the built book:\n  " + "\n  ".join(found[:20])
 
 
