@@ -6,8 +6,11 @@ here, so none of those imports another to borrow a part.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .config import ModelConfig
 
@@ -40,17 +43,36 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin  # cos, sin: (B, 1, T, D)
 
 
+REVERSED_MIN_WIDTH = 512  # Linear's (W @ x.T).T form only for products at least this wide (in_features)
+
+
+def upcast_from_rows(weights: int) -> int:
+    """From how many rows a 16-bit product on a CPU without a 16-bit kernel runs in fp32 (Linear's rule)."""
+    return 4 if weights <= 2**21 else 32
+
+
 class Linear(nn.Linear):
-    """``nn.Linear`` (same weights, same results) with two CPU speed-ups for batched decode.
+    """``nn.Linear`` (same weights, same results up to rounding) with three CPU speed-ups.
 
     ``x @ W.T + b`` can also be computed as ``(W @ x.T).T + b``. For 8 to 32 rows of x (one decode
-    step of a batch of 8-32 sequences) MKL's fp32 GEMM runs the second form 1.1-1.3x faster per
-    decode step on the course's CPU (docs/benchmarks.md). Other shapes, dtypes and devices use F.linear,
-    and so does a weight stored (in, out) (``kvref.layout``), for which the second form is the slow one.
+    step of a batch of 8-32 sequences) and GPT-2's widths, MKL's fp32 GEMM ran the second form 1.1-1.3x
+    faster per decode step on an Intel Xeon (docs/benchmarks.md). For narrow products (the course's tiny
+    models, 128 wide) it was 1.4-2.4x *slower* on the AMD EPYC, so it is kept to products at least
+    ``REVERSED_MIN_WIDTH`` (512) wide.
+    Other shapes and devices use F.linear, and so does a weight stored (in, out) (``kvref.layout``), for
+    which the second form is the slow one.
 
     ``kvref.layout`` may also give the layer ``packed``: oneDNN's reordered copy of W (``pack``). While the
     weight is the one it was packed from, fp32 CPU inference then runs on oneDNN's kernel instead of
     MKL's (about 2x faster with 4-64 rows on an AMD EPYC, where MKL does not take its fastest path).
+
+    A CPU without a 16-bit matrix unit (oneDNN says so: no AVX-512 BF16/FP16 or AMX) multiplies bf16 and
+    fp16 with PyTorch's plain loops, 1.2-10x slower than MKL's fp32 GEMM on the same numbers for 4-128 rows
+    (docs/benchmarks.md, ``python -m kvref.bench linear``). There the product runs in fp32 and is rounded
+    once to the input's dtype, which is what a 16-bit GEMM with fp32 accumulation returns (only the order
+    of the sums differs). Converting W costs about one row of the slow product for small weights but 15-20
+    rows for large ones, so it pays from 4 rows for weights up to 2M numbers and from 32 rows for larger
+    ones (a 4096 x 4096 layer, a GPT-2 lm_head): ``upcast_from_rows``.
     """
 
     packed: torch.Tensor | None = None  # oneDNN's opaque copy of W, or None
@@ -81,8 +103,27 @@ class Linear(nn.Linear):
         if not torch.compiler.is_compiling() and self.packed is not None and self._packed_ok(x):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         rows = x.numel() // self.in_features
-        if x.device.type != "cpu" or x.dtype != torch.float32 or not 8 <= rows <= 32 or not self.weight.is_contiguous():
+        if (x.dtype != torch.float32 and x.dtype == self.weight.dtype and x.device.type == "cpu"
+                and x.dtype in _slow_16bit() and rows >= upcast_from_rows(self.weight.numel())):
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)  # one rounding, as a 16-bit GEMM
+        if (x.device.type != "cpu" or x.dtype != torch.float32 or not 8 <= rows <= 32
+                or self.in_features < REVERSED_MIN_WIDTH or not self.weight.is_contiguous()):
             return super().forward(x)
         x2 = x.reshape(rows, self.in_features)
         y = self.weight @ x2.T if self.bias is None else torch.addmm(self.bias[:, None], self.weight, x2.T)
         return y.T.contiguous().view(*x.shape[:-1], self.out_features)  # y was (out, rows)
+
+
+@functools.cache
+def _slow_16bit() -> frozenset[torch.dtype]:
+    """The 16-bit dtypes this CPU has no oneDNN matrix kernel for (PyTorch then multiplies them in plain loops)."""
+    slow = set()
+    for dtype, has in ((torch.bfloat16, "_is_mkldnn_bf16_supported"), (torch.float16, "_is_mkldnn_fp16_supported")):
+        try:
+            native = bool(getattr(torch.ops.mkldnn, has)())
+        except (AttributeError, RuntimeError):  # a torch without the check: assume the plain loops
+            native = False
+        if not native:
+            slow.add(dtype)
+    return frozenset(slow)

@@ -204,3 +204,37 @@ def test_onednn_refused_where_it_cannot_pack():
         set_layout(model, "onednn", rows=16)
     assert choice_of(model) == "out_in" and all(m.packed is None for m in linear_layers(model))
     assert set(choose_layout(model, rows=16)[1]) == set(LAYOUTS)  # nor does "auto" race it
+
+
+# -- Linear's other CPU paths: narrow products and 16-bit numbers without a 16-bit matrix unit ------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 16])
+def test_16bit_product_is_fp32_rounded_once(dtype, rows):
+    """Where oneDNN has no 16-bit kernel, 4+ rows run in fp32 and are rounded once: bit for bit that, and
+    within 16-bit rounding of PyTorch's own 16-bit product (1 ulp of the largest output: 2^-7 relative for
+    bf16's 8 significant bits, 2^-10 for fp16's 11, times the outputs' size of about 1). One row, and CPUs
+    that have the kernel, keep F.linear's own product."""
+    from kvref.modules import Linear, _slow_16bit
+
+    torch.manual_seed(0)
+    layer = Linear(128, 96).to(dtype)  # 12,288 weights: the 4-row threshold
+    x = torch.randn(rows, 128, dtype=dtype) / 8
+    with torch.no_grad():
+        got, own = layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias)
+        fp32 = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
+    assert got.dtype == dtype
+    expected = fp32.to(dtype) if dtype in _slow_16bit() and rows >= 4 else own
+    assert torch.equal(got, expected)
+    ulp = 2.0 ** (-7 if dtype == torch.bfloat16 else -10) * float(fp32.abs().max())
+    assert float((got.float() - own.float()).abs().max()) <= ulp
+
+
+def test_narrow_products_keep_f_linear():
+    """The (W @ x.T).T form is only for products 512 wide or wider (measured slower on narrow ones)."""
+    from kvref.modules import Linear
+
+    torch.manual_seed(0)
+    layer = Linear(128, 384)
+    x = torch.randn(16, 128)
+    with torch.no_grad():
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "gpu": "the GPU check: CUDA tests, decode benchmark on CUDA, one markdown report",
     "ch10": "chapter 10: bytes per token, MLA reads per step, per-layer planner, interleaved growth, top-k vs H2O",
     "speculative": "chapter 12: acceptance and tokens/s by k, draft model vs prompt lookup, verify cost, kvref vs HF",
+    "linear": "kvref Linear's CPU rules: F.linear vs (W @ x.T).T in fp32, 16-bit products vs fp32 rounded once",
     "dist": "chapter 13: ship the prompt's cache or recompute it, tensor-parallel tokens and bytes per rank",
 }
 
