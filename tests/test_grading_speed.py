@@ -160,3 +160,34 @@ def test_course_set_up_is_remembered(tmp_path, monkeypatch):
     source.write_text(source.read_text().replace("return 1", "return 1  # changed"))
     with pytest.raises(AssertionError, match="generated again"):  # a changed solution is generated again
         batch.build_course(tmp_path / "three", {STEM: source})
+
+
+def test_a_new_gradebook_is_stamped_without_an_alembic_subprocess(tmp_path, monkeypatch):
+    """nbgrader asks `alembic heads` (a subprocess, about 4 s of CPU) for each new gradebook's stamp; once a
+    Course exists, this process reads the same head from nbgrader's migration scripts. The revision must be
+    the one alembic itself reports, and making a gradebook must start no subprocess."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from nbgrader import api
+    from nbgrader.dbutil import _temp_alembic_ini
+
+    from autograder.grade.course import Course
+
+    monkeypatch.setattr(api, "get_alembic_version", api.get_alembic_version)  # put back after the test
+    with _temp_alembic_ini(f"sqlite:///{tmp_path / 'probe.db'}") as ini:  # what nbgrader would ask
+        heads = subprocess.run([str(Path(sys.executable).parent / "alembic"), "-c", ini, "heads"],
+                               capture_output=True, text=True, check=True).stdout
+    expected = heads.split("\n")[0].split(" ")[0]
+    assert expected
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError(f"nbgrader started a subprocess: {args}")
+
+    Course(tmp_path / "course")
+    monkeypatch.setattr(api.sp, "check_output", no_subprocess)
+    with api.Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}"):
+        pass
+    stamp = sqlite3.connect(tmp_path / "gradebook.db").execute("SELECT version_num FROM alembic_version").fetchall()
+    assert stamp == [(expected,)]

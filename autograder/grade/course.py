@@ -91,9 +91,10 @@ class Course:
         ``overrides``: nbgrader settings on top of nbgrader_config.py (the batch grader's limits)."""
         from nbgrader.apps import NbGraderAPI  # slow import; only when a course is built
 
-        from autograder.grade.quick import QuickKernelClient
+        from autograder.grade.quick import QuickKernelClient, alembic_head_in_process
 
         quiet_nbgrader()
+        alembic_head_in_process()  # each new gradebook: no `alembic heads` subprocess
 
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from traitlets.config import Config
 from autograder.shared import notebooks, sandbox, warm
 from autograder.grade.feedback import ANSI as feedback_ANSI, feedback_html, redact
 from autograder.grade.course import ROOT, Course, kernel_environment
-from autograder.grade.quick import shared_engines
+from autograder.grade.quick import alembic_head_in_process, shared_engines
 
 OUTPUT_CAP = 2_000_000  # characters a kernel may print to stdout and to stderr, each
 
@@ -147,16 +147,18 @@ def cell_span(nb) -> tuple[float, float] | None:
 def warm_up() -> None:
     """Run once by the warm job server after its imports, before it forks jobs: fill the
     per-process caches every job would otherwise fill again (SQLAlchemy's mapper set-up for
-    nbgrader's gradebook, the notebook JSON-schema validators, the feedback page's templates and
-    compiled patterns). Nothing here starts a thread or touches a file."""
+    nbgrader's gradebook, its migrations' head revision, the notebook JSON-schema validators, the
+    feedback page's templates and compiled patterns). Nothing here starts a thread or touches a file."""
     import nbformat
-    from nbgrader import api  # noqa: F401  (its ORM classes, configured below)
+    from nbgrader import api  # its ORM classes, configured below
     from nbgrader.nbgraderformat import MetadataValidator
     from sqlalchemy.orm import configure_mappers
 
     from autograder.grade.feedback import warm_up as feedback_warm_up
 
     configure_mappers()
+    alembic_head_in_process()
+    api.get_alembic_version()  # read once here: every forked job's new gradebook has it
     nb = notebooks.course_notebook([notebooks.nbgrader_cell("answer", "warm", "x = 1"),
                                     notebooks.nbgrader_cell("test", "test_warm", "assert x == 1", points=1)])
     nb = nbformat.reads(nbformat.writes(nb), as_version=4)
