@@ -229,12 +229,16 @@ def test_16bit_product_is_fp32_rounded_once(dtype, rows):
     assert float((got.float() - own.float()).abs().max()) <= ulp
 
 
-def test_narrow_products_keep_f_linear():
-    """The (W @ x.T).T form is only for products 512 wide or wider (measured slower on narrow ones)."""
+@pytest.mark.parametrize("width,reversed_form", [(128, False), (768, True)])
+def test_reversed_form_only_for_wide_products(width, reversed_form):
+    """16 rows: the (W @ x.T).T form from 512 wide on (measured slower on narrow products), F.linear below;
+    either way the product of F.linear within fp32 rounding."""
     from kvref.modules import Linear
 
     torch.manual_seed(0)
-    layer = Linear(128, 384)
-    x = torch.randn(16, 128)
-    with torch.no_grad():
-        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+    layer = Linear(width, 384)
+    x = torch.randn(16, width)
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        got = layer(x)
+    assert any(e.name == "aten::linear" for e in prof.events()) != reversed_form
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
