@@ -73,6 +73,8 @@ class Linear(nn.Linear):
     of the sums differs). Converting W costs about one row of the slow product for small weights but 15-20
     rows for large ones, so it pays from 4 rows for weights up to 2M numbers and from 32 rows for larger
     ones (a 4096 x 4096 layer, a GPT-2 lm_head): ``upcast_from_rows``.
+
+    ``path(x)`` names the product ``forward`` will run for x.
     """
 
     packed: torch.Tensor | None = None  # oneDNN's opaque copy of W, or None
@@ -99,17 +101,30 @@ class Linear(nn.Linear):
                 and (w.data_ptr(), w._version) == self._packed_from  # W changed since: the copy is stale
                 and not (torch.is_grad_enabled() and w.requires_grad))  # oneDNN's op has no backward
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def path(self, x: torch.Tensor) -> str:
+        """Which product ``forward`` runs for x: "packed" (oneDNN's copy), "fp32" (a 16-bit product in fp32,
+        rounded once), "reversed" ((W @ x.T).T) or "linear" (F.linear)."""
         if not torch.compiler.is_compiling() and self.packed is not None and self._packed_ok(x):
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return "packed"
         rows = x.numel() // self.in_features
         if (x.dtype != torch.float32 and x.dtype == self.weight.dtype and x.device.type == "cpu"
                 and x.dtype in _slow_16bit() and rows >= upcast_from_rows(self.weight.numel())):
+            return "fp32"
+        if (x.device.type == "cpu" and x.dtype == torch.float32 and 8 <= rows <= 32
+                and self.in_features >= REVERSED_MIN_WIDTH and self.weight.is_contiguous()):
+            return "reversed"
+        return "linear"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        path = self.path(x)
+        if path == "packed":
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if path == "fp32":
             bias = None if self.bias is None else self.bias.float()
             return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)  # one rounding, as a 16-bit GEMM
-        if (x.device.type != "cpu" or x.dtype != torch.float32 or not 8 <= rows <= 32
-                or self.in_features < REVERSED_MIN_WIDTH or not self.weight.is_contiguous()):
+        if path == "linear":
             return super().forward(x)
+        rows = x.numel() // self.in_features
         x2 = x.reshape(rows, self.in_features)
         y = self.weight @ x2.T if self.bias is None else torch.addmm(self.bias[:, None], self.weight, x2.T)
         return y.T.contiguous().view(*x.shape[:-1], self.out_features)  # y was (out, rows)

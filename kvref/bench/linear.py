@@ -8,7 +8,8 @@ Two tables, each a race of two ways to compute the same product, interleaved, me
    uses on a CPU that oneDNN says has no 16-bit matrix kernel, from 4 rows (weights up to 2M numbers) or
    32 rows (larger).
 
-The last column says which way kvref's ``Linear`` goes for that row, so a rule that does not fit a CPU shows.
+The last column is ``Linear.path`` for that row (the choice ``forward`` makes), so a rule that does not
+fit a CPU shows.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from ..modules import REVERSED_MIN_WIDTH, _slow_16bit, upcast_from_rows
+from ..modules import Linear, _slow_16bit
 from .timing import cpu_name, interleave, med, sync, table
 
 WIDTHS = [(128, 384), (768, 768), (768, 3072), (3072, 768)]  # (in, out): tiny model's MLP, GPT-2's products
@@ -42,12 +43,13 @@ def calls(in_f: int, out_f: int, rows: int) -> int:
 def fp32_rows(repeats: int) -> list[list[str]]:
     out = []
     for in_f, out_f in WIDTHS:
-        w, b = torch.randn(out_f, in_f), torch.randn(out_f)
+        layer = Linear(in_f, out_f)
+        w, b = layer.weight.detach(), layer.bias.detach()
         for rows in (8, 16, 32):
             x, n = torch.randn(rows, in_f), calls(in_f, out_f, rows)
             t = interleave({"f": timer(lambda: F.linear(x, w, b), n),
                             "r": timer(lambda: torch.addmm(b[:, None], w, x.T).T.contiguous(), n)}, repeats)
-            kvref_way = "(W @ x.T).T" if in_f >= REVERSED_MIN_WIDTH else "F.linear"
+            kvref_way = {"reversed": "(W @ x.T).T", "linear": "F.linear"}[layer.path(x)]
             out.append([f"{in_f} x {out_f}", str(rows), f"{1e6 * med(t['f']):.0f}", f"{1e6 * med(t['r']):.0f}",
                         f"{med(t['f']) / med(t['r']):.2f}x", kvref_way])
     return out
@@ -57,15 +59,16 @@ def half_rows(repeats: int) -> list[list[str]]:
     out = []
     for dtype in (torch.bfloat16, torch.float16):
         for in_f, out_f in WIDTHS_16:
-            w = torch.randn(out_f, in_f, dtype=dtype)
+            layer = Linear(in_f, out_f, bias=False, dtype=dtype)
+            w = layer.weight.detach()
             for rows in (1, 4, 16, 32, 128):
                 x, n = torch.randn(rows, in_f, dtype=dtype), max(1, calls(in_f, out_f, rows) // 8)
                 t = interleave({"own": timer(lambda: F.linear(x, w), n),
                                 "fp32": timer(lambda: F.linear(x.float(), w.float()).to(dtype), n)}, repeats)
-                up = dtype in _slow_16bit() and rows >= upcast_from_rows(w.numel())
+                kvref_way = "fp32, rounded once" if layer.path(x) == "fp32" else "own"
                 out.append([str(dtype).removeprefix("torch."), f"{in_f} x {out_f}", str(rows),
                             f"{1e3 * med(t['own']):.2f}", f"{1e3 * med(t['fp32']):.2f}",
-                            f"{med(t['own']) / med(t['fp32']):.2f}x", "fp32, rounded once" if up else "own"])
+                            f"{med(t['own']) / med(t['fp32']):.2f}x", kvref_way])
     return out
 
 
