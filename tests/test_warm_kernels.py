@@ -99,7 +99,9 @@ def probe_kernel(spec_dir, tmp) -> tuple[dict, list, list]:
         reply, out = run(kc, PROBE % str(ROOT / "tests"))
         assert reply["status"] == "ok", reply
         facts = stdout_json(out)
-        _, err_out = run(kc, "import os; os.write(2, b'from C-level stderr\\n'); None")
+        # ipykernel forwards fd 2 from a watcher thread: the cell waits 0.5 s so that, on a loaded machine too,
+        # the text is sent while the cell still runs (and so under its request) instead of after its reply.
+        _, err_out = run(kc, "import os, time; os.write(2, b'from C-level stderr\\n'); time.sleep(0.5)")
         stderr = [m["content"]["text"] for m in err_out if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"]
         threading.Timer(1.5, km.interrupt_kernel).start()
         interrupted, _ = run(kc, "import time; time.sleep(60)")
